@@ -1,0 +1,176 @@
+"""The composition root: build a runnable :class:`Agent` from settings.
+
+This is the one place that chooses implementations (NVML or the simulator,
+the Kubernetes API or the scenario for pods, the real /proc or a materialised
+one). Everything it builds is passed to its users by constructor.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.attribution import Attributor, FsProcRoot
+from agent.clock import Clock, SystemClock
+from agent.errors import BackendUnavailable, CapwatchError, PodViewError
+from agent.gpus import GpuBackend, GpuError
+from agent.hub import Hub
+from agent.lifecycle import Agent
+from agent.ownership import LoadStatus, OwnershipStore
+from agent.pods import PodView
+from agent.reconciling import CycleListener, Policy, Reconciler
+from agent.reports import CycleReport
+from agent.running import AgentLoop, CycleThread
+from agent.scenario import Scenario, default_scenario, load_scenario
+from agent.settings import AgentSettings, BackendKind
+from agent.simulation import SimGpuBackend, SimPodView, SimWorld
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Parts:
+    backend: GpuBackend
+    pods: PodView
+    proc_root: Path
+    node_name: str
+    listeners: tuple[CycleListener, ...] = ()
+    cleanups: tuple[Callable[[], None], ...] = ()
+
+
+def load_settings_scenario(settings: AgentSettings) -> Scenario:
+    """The scenario the sim backend will run (the built-in one unless a file is given)."""
+    return default_scenario() if settings.scenario is None else load_scenario(settings.scenario)
+
+
+def build_agent(
+    settings: AgentSettings,
+    *,
+    clock: Clock | None = None,
+    on_report: Callable[[CycleReport], None] | None = None,
+) -> Agent:
+    """Assemble everything; raises CapwatchError if the agent cannot start at all."""
+    clock = clock or SystemClock()
+    parts = (
+        _simulated(settings) if settings.gpu_backend is BackendKind.SIM else _real(settings, clock)
+    )
+    try:
+        return _assemble(settings, parts, clock, on_report)
+    except BaseException:
+        for close in (parts.pods.close, parts.backend.close, *parts.cleanups):
+            close()
+        raise
+
+
+def _assemble(
+    settings: AgentSettings,
+    parts: _Parts,
+    clock: Clock,
+    on_report: Callable[[CycleReport], None] | None,
+) -> Agent:
+    # GPU discovery at start is fatal on failure: an agent that cannot see its
+    # GPUs enforces nothing, and CrashLoopBackOff says so louder than NotReady.
+    try:
+        count = parts.backend.device_count()
+    except GpuError as exc:
+        raise BackendUnavailable(f"GPU discovery failed: {exc}") from exc
+    store = OwnershipStore(settings.state_dir, clock=clock)
+    status = store.load()
+    if status is LoadStatus.LOADED:
+        log.info("ownership record loaded gpus=%d path=%s", len(store.records()), store.path)
+    reconciler = Reconciler(
+        backend=parts.backend,
+        pods=parts.pods,
+        attributor=Attributor(FsProcRoot(parts.proc_root)),
+        store=store,
+        clock=clock,
+        policy=Policy(
+            annotation_key=settings.annotation_key,
+            safe_default_watts=settings.safe_default_watts,
+        ),
+        initial_device_count=count,
+        release_unowned_idle=status is LoadStatus.UNREADABLE,
+        listeners=parts.listeners,
+    )
+    hub = Hub(clock=clock, stale_after_s=settings.stale_after_s)
+    cycle_thread = CycleThread()
+    loop = AgentLoop(
+        reconciler=reconciler,
+        hub=hub,
+        clock=clock,
+        interval_s=settings.interval_s,
+        cycle_thread=cycle_thread,
+        on_report=on_report,
+    )
+    log.info(
+        "agent assembled node=%s backend=%s gpus=%d interval=%gs stale_after=%gs",
+        parts.node_name,
+        settings.gpu_backend.value,
+        count,
+        settings.interval_s,
+        settings.stale_after_s,
+    )
+    return Agent(
+        backend=parts.backend,
+        pods=parts.pods,
+        reconciler=reconciler,
+        hub=hub,
+        loop=loop,
+        cycle_thread=cycle_thread,
+        shutdown_grace_s=settings.shutdown_grace_s,
+        cleanups=parts.cleanups,
+    )
+
+
+def _simulated(settings: AgentSettings) -> _Parts:
+    scenario = load_settings_scenario(settings)
+    world = SimWorld(scenario)
+    # The scenario's processes become real cgroup files so that the real
+    # attribution code runs in simulation too.
+    proc_root = Path(tempfile.mkdtemp(prefix="capwatch-sim-proc-"))
+    world.materialise_procs(proc_root)
+    return _Parts(
+        backend=SimGpuBackend(world),
+        pods=SimPodView(world),
+        proc_root=proc_root,
+        node_name=settings.node_name or scenario.node_name,
+        listeners=(world,),
+        cleanups=(lambda: shutil.rmtree(proc_root, ignore_errors=True),),
+    )
+
+
+def _real(settings: AgentSettings, clock: Clock) -> _Parts:
+    # Imported here so that the simulator (demo, tests) never loads NVML or the
+    # Kubernetes client.
+    from agent.kubernetes import KubernetesPodView, api_client_from_environment  # noqa: PLC0415
+    from agent.nvml import NvmlBackend  # noqa: PLC0415
+
+    assert settings.node_name is not None  # settings validation guarantees it
+    backend = NvmlBackend.open()
+    try:
+        api = api_client_from_environment(
+            None if settings.kubeconfig is None else str(settings.kubeconfig)
+        )
+        view = KubernetesPodView(
+            node_name=settings.node_name,
+            api_client=api,
+            clock=clock,
+            stale_after=settings.interval_s,
+            # A server that keeps the connection open but stops sending is only
+            # noticed when the watch times out: keep that window short (a re-watch
+            # costs no LIST).
+            watch_timeout=60.0,
+        )
+        view.start()
+    except Exception as exc:
+        backend.close()
+        if isinstance(exc, CapwatchError):
+            raise
+        raise PodViewError(f"cannot start the Kubernetes pod view: {exc}") from exc
+    return _Parts(
+        backend=backend, pods=view, proc_root=settings.proc_root, node_name=settings.node_name
+    )

@@ -1,0 +1,103 @@
+"""Cap policy: from the pods on a GPU to the one power limit to write.
+
+One annotated pod gives its value; several pods that all carry the same valid
+value give that value; anything else (missing, invalid, disagreeing, or no
+known pod at all) gives ``safe_default_watts``. The result is then clamped to
+the GPU's settable range and the direction of any clamp is recorded.
+
+Pure functions only: no I/O, never raises on annotation content.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.gpus import PowerConstraints
+from agent.pods import PodInfo
+from agent.reports import CapSource, ClampDirection, SafeDefaultCause
+
+DEFAULT_ANNOTATION_KEY = "capwatch.io/gpu-power-limit"
+
+# No GPU shipped or announced draws more than this; anything larger is a typo
+# (or milliwatts), not a request.
+MAX_REQUEST_WATTS = 100_000
+
+# ASCII digits only: int() would also accept "1_000", "٣٠٠" and "+300".
+_WATTS = re.compile(r"[0-9]{1,9}")
+
+
+def parse_watts(value: str | None) -> int | None:
+    """Parse an annotation value as a positive integer wattage; None if invalid."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not _WATTS.fullmatch(text):
+        return None
+    watts = int(text)
+    if watts <= 0 or watts > MAX_REQUEST_WATTS:
+        return None
+    return watts
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapDecision:
+    """What to write on one GPU, and why."""
+
+    requested_watts: int | None  # what the pods asked for, when they asked for one value
+    resolved_watts: int  # after the policy, before clamping
+    target_milliwatts: int  # after clamping: what is written
+    source: CapSource
+    safe_default_cause: SafeDefaultCause | None
+    clamp: ClampDirection
+
+
+def resolve_cap(
+    pods: Sequence[PodInfo],
+    *,
+    annotation_key: str,
+    safe_default_watts: int,
+    constraints: PowerConstraints,
+) -> CapDecision:
+    """Apply the cap policy to the pods whose processes run on one GPU."""
+    requested: int | None = None
+    cause: SafeDefaultCause | None = None
+    if not pods:
+        cause = SafeDefaultCause.NO_POD
+    else:
+        raw = [pod.annotations.get(annotation_key) for pod in pods]
+        values = [parse_watts(v) for v in raw]
+        if any(v is None for v in raw):
+            cause = SafeDefaultCause.MISSING
+        elif any(v is None for v in values):
+            cause = SafeDefaultCause.INVALID
+        elif len(set(values)) > 1:
+            cause = SafeDefaultCause.DISAGREE
+        else:
+            requested = values[0]
+
+    if requested is not None:
+        source = CapSource.ANNOTATION if len(pods) == 1 else CapSource.AGREED
+        resolved = requested
+    else:
+        source = CapSource.SAFE_DEFAULT
+        resolved = safe_default_watts
+    target, clamp = clamp_milliwatts(resolved * 1000, constraints)
+    return CapDecision(
+        requested_watts=requested,
+        resolved_watts=resolved,
+        target_milliwatts=target,
+        source=source,
+        safe_default_cause=cause,
+        clamp=clamp,
+    )
+
+
+def clamp_milliwatts(milliwatts: int, constraints: PowerConstraints) -> tuple[int, ClampDirection]:
+    """Clamp to the settable range, saying which way (if any) it moved."""
+    if milliwatts < constraints.min_milliwatts:
+        return constraints.min_milliwatts, ClampDirection.RAISED_TO_MIN
+    if milliwatts > constraints.max_milliwatts:
+        return constraints.max_milliwatts, ClampDirection.LOWERED_TO_MAX
+    return milliwatts, ClampDirection.NONE

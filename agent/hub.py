@@ -1,0 +1,119 @@
+"""The in-process hub the loop publishes every CycleReport into.
+
+Readers (the gRPC streams, the demo's printer, tests) never block the
+publisher: ``publish`` appends to a bounded ring buffer and wakes waiters with
+one O(1) operation whatever their number. A reader that falls further behind
+than the ring holds is told so (``since`` returns None) and resyncs from the
+latest snapshot instead of holding memory for it.
+
+Publishing happens on the cycle thread; asyncio readers are woken through
+``loop.call_soon_threadsafe`` on the loops they attached, so the cost to the
+cycle is one call per attached event loop, not per reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from agent.clock import Clock
+from agent.readiness import Readiness, evaluate
+from agent.reports import CycleReport
+
+DEFAULT_CAPACITY = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class HubState:
+    """A consistent view of the hub at one moment."""
+
+    sequence: int  # of the latest report; 0 before any
+    latest: CycleReport | None
+    last_good_monotonic: float | None  # finish time of the last enforced cycle
+
+
+class Hub:
+    def __init__(
+        self, *, clock: Clock, stale_after_s: float, capacity: int = DEFAULT_CAPACITY
+    ) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be positive")
+        self._clock = clock
+        self._stale_after_s = stale_after_s
+        self._ring: deque[CycleReport] = deque(maxlen=capacity)
+        self._state = HubState(sequence=0, latest=None, last_good_monotonic=None)
+        self._cond = threading.Condition()
+        self._loops: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
+
+    @property
+    def stale_after_s(self) -> float:
+        return self._stale_after_s
+
+    def publish(self, report: CycleReport) -> None:
+        """Record a completed cycle and wake readers. O(1) in the number of readers."""
+        with self._cond:
+            last_good = (
+                report.finished_monotonic if report.enforced else self._state.last_good_monotonic
+            )
+            self._ring.append(report)
+            self._state = HubState(
+                sequence=report.sequence, latest=report, last_good_monotonic=last_good
+            )
+            self._cond.notify_all()
+            loops = list(self._loops.items())
+        for loop, event in loops:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop closed; forget it
+                with self._cond:
+                    self._loops.pop(loop, None)
+
+    def state(self) -> HubState:
+        with self._cond:
+            return self._state
+
+    def readiness(self) -> Readiness:
+        """The readiness rule applied to the hub's state, now."""
+        state = self.state()
+        now = self._clock.monotonic()
+        latest = state.latest
+        return evaluate(
+            last_cycle_enforced=None if latest is None else latest.enforced,
+            last_cycle_age_s=None if latest is None else now - latest.finished_monotonic,
+            last_good_age_s=None
+            if state.last_good_monotonic is None
+            else now - state.last_good_monotonic,
+            stale_after_s=self._stale_after_s,
+            failure_summary="" if latest is None else latest.failure_summary,
+        )
+
+    def since(self, sequence: int) -> tuple[CycleReport, ...] | None:
+        """Reports after ``sequence``, oldest first; None when some are gone (resync)."""
+        with self._cond:
+            if sequence >= self._state.sequence:
+                return ()
+            if not self._ring or self._ring[0].sequence > sequence + 1:
+                return None
+            return tuple(r for r in self._ring if r.sequence > sequence)
+
+    def wait_sync(self, after_sequence: int, timeout: float) -> bool:
+        """Block until a report newer than ``after_sequence`` exists (few readers only)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._state.sequence > after_sequence, timeout)
+
+    async def wait(self, after_sequence: int, timeout: float | None = None) -> bool:  # noqa: ASYNC109
+        """Await a report newer than ``after_sequence``; False on timeout."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._cond:
+                if self._state.sequence > after_sequence:
+                    return True
+                event = self._loops.get(loop)
+                if event is None or event.is_set():
+                    event = self._loops[loop] = asyncio.Event()
+            try:
+                await asyncio.wait_for(event.wait(), timeout)
+            except TimeoutError:
+                return False

@@ -1,0 +1,415 @@
+"""One reconcile cycle: read the GPUs and the pods, write the caps, report honestly.
+
+The contract (the readiness proposal's §1): a cycle is *enforced* iff every
+action it was required to take completed and every input it depended on was
+obtained. Each failure class below fails it, none is silently absorbed:
+
+* device-count refresh failed (the last known count is used, the cycle fails);
+* pod view not synced (the cycle aborts before touching any GPU);
+* per GPU: UUID read, process list or constraints read failed; a write whose
+  outcome is not OK (a clean return is not success); a write refused because
+  the device's identity changed or could not be confirmed; a release (restore
+  default on a GPU whose owners left) that failed or had to be deferred;
+* an unexpected exception (per GPU it fails that GPU, the fold goes on).
+
+Idle GPUs (no compute processes) are never written and count neither way,
+unless this agent capped them earlier: then they are released. The per-GPU
+fold never short-circuits. A shutdown request short-circuits the cycle and
+returns the fold so far: a clean prefix stays enforced, an earlier failure
+stays a failure. Persisting the ownership record is outside the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from agent.attribution import Attributor
+from agent.capping import resolve_cap
+from agent.clock import Clock
+from agent.errors import PodViewError
+from agent.gpus import GpuBackend, GpuError, WriteOutcome, WriteResult
+from agent.ownership import OwnershipStore
+from agent.pods import PodInfo, PodRef, PodSnapshot, PodView
+from agent.reports import (
+    AbortReason,
+    CycleFailure,
+    CycleFailureKind,
+    CycleReport,
+    GpuResult,
+    Outcome,
+    Reason,
+)
+
+log = logging.getLogger(__name__)
+
+_WRITE_REASON = {
+    WriteOutcome.FAILED: Reason.WRITE_FAILED,
+    WriteOutcome.IDENTITY_MISMATCH: Reason.IDENTITY_MISMATCH,
+    WriteOutcome.IDENTITY_UNCONFIRMED: Reason.IDENTITY_UNCONFIRMED,
+}
+
+
+class CycleListener(Protocol):
+    """Told when a cycle begins and when the agent is stopping (the simulator uses it)."""
+
+    def begin_cycle(self, sequence: int) -> None: ...
+
+    def interrupt(self) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    annotation_key: str
+    safe_default_watts: int
+
+
+class Reconciler:
+    """Owns the per-cycle state; ``reconcile_once`` runs on one thread at a time."""
+
+    def __init__(
+        self,
+        *,
+        backend: GpuBackend,
+        pods: PodView,
+        attributor: Attributor,
+        store: OwnershipStore,
+        clock: Clock,
+        policy: Policy,
+        initial_device_count: int,
+        release_unowned_idle: bool = False,
+        listeners: Sequence[CycleListener] = (),
+    ) -> None:
+        self._backend = backend
+        self._pods = pods
+        self._attributor = attributor
+        self._store = store
+        self._clock = clock
+        self._policy = policy
+        self._device_count = initial_device_count
+        # After an unreadable ownership record we cannot know what a previous
+        # agent capped: restore the default on every idle GPU until one pass
+        # over all of them succeeds.
+        self._release_unowned_idle = release_unowned_idle
+        self._listeners = tuple(listeners)
+        self._sequence = 0
+        self._shutdown = threading.Event()
+
+    @property
+    def sequence(self) -> int:
+        """The sequence number of the cycle started last (0 before any)."""
+        return self._sequence
+
+    @property
+    def device_count(self) -> int:
+        return self._device_count
+
+    def request_shutdown(self) -> None:
+        """Make the running (and any later) cycle stop at its next GPU boundary."""
+        self._shutdown.set()
+        for listener in self._listeners:
+            listener.interrupt()
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutdown.is_set()
+
+    def next_sequence(self) -> int:
+        self._sequence += 1
+        return self._sequence
+
+    def reconcile_once(self) -> CycleReport:
+        """Run one cycle and return its report. Raises only on programming errors."""
+        sequence = self.next_sequence()
+        cycle = _CycleBuilder(sequence=sequence, clock=self._clock)
+        for listener in self._listeners:
+            listener.begin_cycle(sequence)
+        if self._shutdown.is_set():
+            return cycle.finish(interrupted=True)
+
+        try:
+            self._device_count = self._backend.device_count()
+        except GpuError as exc:
+            cycle.fail(
+                CycleFailureKind.DEVICE_COUNT_FAILED,
+                f"device count refresh failed ({exc.error_class.value}); "
+                f"keeping last count {self._device_count}",
+            )
+
+        try:
+            snapshot = self._pods.snapshot()
+        except PodViewError as exc:
+            cycle.fail(CycleFailureKind.POD_VIEW_NOT_SYNCED, f"pod view not synced: {exc}")
+            return cycle.finish(abort_reason=AbortReason.POD_VIEW_NOT_SYNCED)
+
+        seen: set[str] = set()
+        all_idle_released = True
+        for index in range(self._device_count):
+            if self._shutdown.is_set():
+                return cycle.finish(interrupted=True)
+            try:
+                result = self._reconcile_gpu(index, snapshot, seen)
+            except Exception as exc:  # the fold must go on to the next GPU
+                log.exception("unexpected error reconciling gpu=%d", index)
+                result = GpuResult(
+                    index=index,
+                    uuid=None,
+                    outcome=Outcome.FAILED,
+                    reason=Reason.INTERNAL_ERROR,
+                    message=f"internal error: {type(exc).__name__}",
+                )
+            all_idle_released &= not result.failed
+            cycle.add(result)
+
+        for record in self._store.records().values():
+            if record.uuid not in seen:
+                cycle.add(
+                    GpuResult(
+                        index=record.index,
+                        uuid=record.uuid,
+                        outcome=Outcome.FAILED,
+                        reason=Reason.RELEASE_DEFERRED,
+                        message="GPU capped by this agent is not visible; its cap was not released",
+                        owners=record.owners,
+                    )
+                )
+        if all_idle_released:
+            self._release_unowned_idle = False
+        self._store.flush()  # persistence-only: retried next cycle, outside the result
+        return cycle.finish()
+
+    def _reconcile_gpu(self, index: int, snapshot: PodSnapshot, seen: set[str]) -> GpuResult:
+        try:
+            uuid = self._backend.uuid(index)
+        except GpuError as exc:
+            return _failed(index, None, Reason.UUID_READ_FAILED, exc, "UUID read failed")
+        seen.add(uuid)
+
+        try:
+            pids = self._backend.processes(index)
+        except GpuError as exc:
+            return _failed(index, uuid, Reason.PROCESS_LIST_FAILED, exc, "process list failed")
+
+        owned = self._store.get(uuid)
+        if not pids:
+            if owned is None and not self._release_unowned_idle:
+                return GpuResult(
+                    index=index, uuid=uuid, outcome=Outcome.IDLE, reason=Reason.IDLE, message="idle"
+                )
+            return self._release(index, uuid, owned.owners if owned else ())
+
+        owners, pods = self._owners(pids, snapshot)
+        try:
+            constraints = self._backend.constraints(index)
+        except GpuError as exc:
+            return _failed(
+                index,
+                uuid,
+                Reason.CONSTRAINTS_READ_FAILED,
+                exc,
+                "power constraints read failed",
+                owners=owners,
+                process_count=len(pids),
+            )
+        decision = resolve_cap(
+            pods,
+            annotation_key=self._policy.annotation_key,
+            safe_default_watts=self._policy.safe_default_watts,
+            constraints=constraints,
+        )
+        written = self._backend.set_limit(index, uuid=uuid, milliwatts=decision.target_milliwatts)
+        if written.outcome in (WriteOutcome.OK, WriteOutcome.FAILED):
+            # A failed write may still have taken effect (a timeout, say); claiming
+            # it means a later release restores the default, which is harmless.
+            self._store.claim(
+                uuid=uuid, index=index, owners=owners, target_milliwatts=decision.target_milliwatts
+            )
+        enforced = GpuResult(
+            index=index,
+            uuid=uuid,
+            outcome=Outcome.ENFORCED,
+            reason=Reason.OK,
+            message=f"capped at {_watts(written)} W ({decision.source.value})",
+            owners=owners,
+            requested_watts=decision.requested_watts,
+            resolved_watts=decision.resolved_watts,
+            applied_watts=_watts(written),
+            cap_source=decision.source,
+            safe_default_cause=decision.safe_default_cause,
+            clamp=decision.clamp,
+            process_count=len(pids),
+        )
+        if written.ok:
+            return enforced
+        return replace(
+            enforced,
+            outcome=Outcome.FAILED,
+            reason=_WRITE_REASON[written.outcome],
+            message=_write_message("cap write", written),
+            error_class=written.error_class,
+            applied_watts=None,
+        )
+
+    def _release(self, index: int, uuid: str, owners: tuple[PodRef, ...]) -> GpuResult:
+        written = self._backend.restore_default(index, uuid=uuid)
+        if written.ok:
+            self._store.release(uuid)
+            return GpuResult(
+                index=index,
+                uuid=uuid,
+                outcome=Outcome.RELEASED,
+                reason=Reason.RELEASED,
+                message=f"owner gone; default {_watts(written)} W restored",
+                applied_watts=_watts(written),
+                owners=owners,
+            )
+        deferred = written.outcome is not WriteOutcome.FAILED
+        return GpuResult(
+            index=index,
+            uuid=uuid,
+            outcome=Outcome.FAILED,
+            reason=Reason.RELEASE_DEFERRED if deferred else Reason.RELEASE_FAILED,
+            message=_write_message("release", written),
+            error_class=written.error_class,
+            owners=owners,
+        )
+
+    def _owners(
+        self, pids: Iterable[int], snapshot: PodSnapshot
+    ) -> tuple[tuple[PodRef, ...], list[PodInfo]]:
+        pods: dict[str, PodInfo] = {}
+        for uid in self._attributor.pod_uids(pids).values():
+            if uid is None or uid in pods:
+                continue
+            # A pod the view does not know (yet) still owns the GPU; with no
+            # annotation to read, the policy gives it the safe default.
+            pods[uid] = snapshot.get(uid) or PodInfo(ref=PodRef(namespace="", name="", uid=uid))
+        infos = sorted(pods.values(), key=lambda p: p.ref)
+        return tuple(p.ref for p in infos), infos
+
+    def restore_all(self) -> tuple[GpuResult, ...]:
+        """Restore the default limit on every GPU this agent owns (at shutdown)."""
+        records = self._store.records()
+        if not records:
+            return ()
+        by_uuid: dict[str, int] = {}
+        for index in range(self._device_count):
+            try:
+                by_uuid[self._backend.uuid(index)] = index
+            except GpuError as exc:
+                log.warning("shutdown: uuid read failed gpu=%d error=%s", index, exc)
+        results = []
+        for uuid, record in records.items():
+            found = by_uuid.get(uuid)
+            if found is None:
+                results.append(
+                    GpuResult(
+                        index=record.index,
+                        uuid=uuid,
+                        outcome=Outcome.FAILED,
+                        reason=Reason.RELEASE_DEFERRED,
+                        message="not visible at shutdown; cap left in place",
+                        owners=record.owners,
+                    )
+                )
+                continue
+            results.append(self._release(found, uuid, record.owners))
+        self._store.flush()
+        return tuple(results)
+
+
+class _CycleBuilder:
+    """Accumulates one cycle's fold; ``finish`` freezes it into a CycleReport."""
+
+    def __init__(self, *, sequence: int, clock: Clock) -> None:
+        self._clock = clock
+        self._sequence = sequence
+        self._started_wall = clock.wall()
+        self._started_mono = clock.monotonic()
+        self._gpus: list[GpuResult] = []
+        self._failures: list[CycleFailure] = []
+
+    def add(self, result: GpuResult) -> None:
+        self._gpus.append(result)
+
+    def fail(self, kind: CycleFailureKind, message: str) -> None:
+        log.warning("cycle failure kind=%s %s", kind.value, message)
+        self._failures.append(CycleFailure(kind=kind, message=message))
+
+    def finish(
+        self, *, abort_reason: AbortReason | None = None, interrupted: bool = False
+    ) -> CycleReport:
+        return CycleReport(
+            sequence=self._sequence,
+            started_wall=self._started_wall,
+            finished_wall=self._clock.wall(),
+            started_monotonic=self._started_mono,
+            finished_monotonic=self._clock.monotonic(),
+            gpus=tuple(self._gpus),
+            failures=tuple(self._failures),
+            abort_reason=abort_reason,
+            interrupted=interrupted,
+        )
+
+
+def crashed_report(
+    *,
+    sequence: int,
+    started_wall: float,
+    started_monotonic: float,
+    clock: Clock,
+    exc: BaseException,
+) -> CycleReport:
+    """The report for a cycle that raised: failed, with no GPU results."""
+    return CycleReport(
+        sequence=sequence,
+        started_wall=started_wall,
+        finished_wall=clock.wall(),
+        started_monotonic=started_monotonic,
+        finished_monotonic=clock.monotonic(),
+        failures=(
+            CycleFailure(
+                kind=CycleFailureKind.INTERNAL_ERROR,
+                message=f"cycle raised {type(exc).__name__}: {exc}"[:300],
+            ),
+        ),
+        abort_reason=AbortReason.INTERNAL_ERROR,
+    )
+
+
+def _watts(written: WriteResult) -> int:
+    return round((written.applied_milliwatts or 0) / 1000)
+
+
+def _write_message(what: str, written: WriteResult) -> str:
+    if written.outcome is WriteOutcome.IDENTITY_MISMATCH:
+        return f"{what} skipped: device identity changed"
+    if written.outcome is WriteOutcome.IDENTITY_UNCONFIRMED:
+        return f"{what} skipped: device identity could not be confirmed"
+    cls = written.error_class.value if written.error_class else "unknown"
+    return f"{what} failed: {cls}"
+
+
+def _failed(
+    index: int,
+    uuid: str | None,
+    reason: Reason,
+    exc: GpuError,
+    what: str,
+    *,
+    owners: tuple[PodRef, ...] = (),
+    process_count: int = 0,
+) -> GpuResult:
+    return GpuResult(
+        index=index,
+        uuid=uuid,
+        outcome=Outcome.FAILED,
+        reason=reason,
+        message=f"{what}: {exc.error_class.value}",
+        error_class=exc.error_class,
+        owners=owners,
+        process_count=process_count,
+    )

@@ -1,0 +1,143 @@
+"""What one reconcile cycle did: the frozen values the loop publishes.
+
+A :class:`CycleReport` is the single source of truth every consumer reads
+(readiness, metrics, the gRPC stream, the CLI). ``enforced`` is derived from
+the report's contents rather than stored, so it can never disagree with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from agent.gpus import GpuErrorClass
+from agent.pods import PodRef
+
+
+class Outcome(str, Enum):
+    """Per-GPU result of one cycle."""
+
+    ENFORCED = "enforced"  # a cap was written and the backend said OK
+    IDLE = "idle"  # no compute processes: nothing written, nothing claimed
+    RELEASED = "released"  # the owner left; the default limit was restored
+    FAILED = "failed"  # a required action did not complete
+
+
+class Reason(str, Enum):
+    """Stable reason codes. Never change a value: consumers match on them."""
+
+    OK = "ok"
+    IDLE = "idle"
+    RELEASED = "released"
+    UUID_READ_FAILED = "uuid_read_failed"
+    IDENTITY_MISMATCH = "identity_mismatch"
+    IDENTITY_UNCONFIRMED = "identity_unconfirmed"
+    PROCESS_LIST_FAILED = "process_list_failed"
+    CONSTRAINTS_READ_FAILED = "constraints_read_failed"
+    WRITE_FAILED = "write_failed"
+    RELEASE_FAILED = "release_failed"
+    RELEASE_DEFERRED = "release_deferred"
+    INTERNAL_ERROR = "internal_error"
+    SHUTDOWN = "shutdown"
+
+
+class CapSource(str, Enum):
+    ANNOTATION = "annotation"  # one pod, valid annotation
+    AGREED = "agreed"  # several pods, all valid and equal
+    SAFE_DEFAULT = "safe_default"  # anything else
+
+
+class SafeDefaultCause(str, Enum):
+    """Why the safe default was used (metrics and messages)."""
+
+    MISSING = "missing"  # a pod had no annotation
+    INVALID = "invalid"  # a pod's annotation is not a valid integer wattage
+    DISAGREE = "disagree"  # several pods asked for different values
+    NO_POD = "no_pod"  # the processes belong to no known pod
+
+
+class ClampDirection(str, Enum):
+    NONE = "none"
+    RAISED_TO_MIN = "raised_to_min"
+    LOWERED_TO_MAX = "lowered_to_max"
+
+
+class AbortReason(str, Enum):
+    """Why a cycle stopped before (or instead of) reconciling GPUs."""
+
+    POD_VIEW_NOT_SYNCED = "pod_view_not_synced"
+    INTERNAL_ERROR = "internal_error"
+
+
+class CycleFailureKind(str, Enum):
+    """Cycle-level failures that are not tied to one GPU's step."""
+
+    DEVICE_COUNT_FAILED = "device_count_failed"
+    POD_VIEW_NOT_SYNCED = "pod_view_not_synced"
+    INTERNAL_ERROR = "internal_error"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CycleFailure:
+    kind: CycleFailureKind
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuResult:
+    """One GPU's step in one cycle."""
+
+    index: int
+    uuid: str | None
+    outcome: Outcome
+    reason: Reason
+    message: str
+    owners: tuple[PodRef, ...] = ()
+    error_class: GpuErrorClass | None = None
+    requested_watts: int | None = None
+    resolved_watts: int | None = None
+    applied_watts: int | None = None
+    cap_source: CapSource | None = None
+    safe_default_cause: SafeDefaultCause | None = None
+    clamp: ClampDirection = ClampDirection.NONE
+    process_count: int = 0
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome is Outcome.FAILED
+
+
+@dataclass(frozen=True, kw_only=True)
+class CycleReport:
+    """The outcome of one ``reconcile_once()``."""
+
+    sequence: int
+    started_wall: float
+    finished_wall: float
+    started_monotonic: float
+    finished_monotonic: float
+    gpus: tuple[GpuResult, ...] = ()
+    failures: tuple[CycleFailure, ...] = ()
+    abort_reason: AbortReason | None = None
+    # True when a shutdown short-circuited the cycle: the fold so far is the result.
+    interrupted: bool = False
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, self.finished_monotonic - self.started_monotonic)
+
+    @property
+    def enforced(self) -> bool:
+        """Every required action completed and every input was obtained."""
+        return (
+            self.abort_reason is None and not self.failures and not any(g.failed for g in self.gpus)
+        )
+
+    @property
+    def failure_summary(self) -> str:
+        """A short, stable description of why the cycle was not enforced ('' if it was)."""
+        if self.abort_reason is not None:
+            return self.abort_reason.value
+        parts = [f.kind.value for f in self.failures]
+        parts += [f"gpu{g.index}:{g.reason.value}" for g in self.gpus if g.failed]
+        return ",".join(parts)

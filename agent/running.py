@@ -1,0 +1,143 @@
+"""The run loop: cycles on a dedicated thread, published into the hub.
+
+NVML calls and file reads block, and a hung NVML call cannot be interrupted,
+so cycles never run on the asyncio event loop the gRPC server shares: they run
+on one dedicated daemon thread. A hung cycle then freezes only itself; the
+event loop goes on serving, and the hub's readiness goes stale, which is
+exactly what the staleness bound is for.
+
+The loop sleeps *after* each cycle (period = interval + cycle time), never
+exits on a failed cycle, and turns a cycle that raised into a failed report,
+so readiness drops on the next poll rather than after the staleness bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+from agent.clock import Clock
+from agent.hub import Hub
+from agent.reconciling import Reconciler, crashed_report
+from agent.reports import CycleReport
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class CycleThread:
+    """One long-lived daemon thread that runs submitted callables in order.
+
+    A daemon thread, not a ThreadPoolExecutor: the interpreter joins executor
+    threads at exit, so one hung NVML call would block the agent's exit forever.
+    """
+
+    def __init__(self, name: str = "capwatch-cycle") -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[object]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._busy = threading.Event()
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((fn, future))  # type: ignore[arg-type]
+        return future
+
+    @property
+    def busy(self) -> bool:
+        return self._busy.is_set()
+
+    def close(self) -> None:
+        """Let the thread end after its current job (it is a daemon if that job hangs)."""
+        self._jobs.put(None)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            self._busy.set()
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
+                future.set_exception(exc)
+            finally:
+                self._busy.clear()
+
+
+class AgentLoop:
+    """Runs ``reconcile_once`` every ``interval_s`` and publishes each report."""
+
+    def __init__(
+        self,
+        *,
+        reconciler: Reconciler,
+        hub: Hub,
+        clock: Clock,
+        interval_s: float,
+        cycle_thread: CycleThread,
+        on_report: Callable[[CycleReport], None] | None = None,
+    ) -> None:
+        self._reconciler = reconciler
+        self._hub = hub
+        self._clock = clock
+        self._interval_s = interval_s
+        self._thread = cycle_thread
+        self._on_report = on_report
+        self.cycles = 0
+
+    async def run(self, stop: asyncio.Event, *, max_cycles: int | None = None) -> None:
+        """Cycle until ``stop`` is set (or ``max_cycles`` have run)."""
+        while not stop.is_set():
+            await self.cycle_once()
+            self.cycles += 1
+            if max_cycles is not None and self.cycles >= max_cycles:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._interval_s)
+
+    async def cycle_once(self) -> CycleReport:
+        """Run one cycle on the cycle thread, publish it, and return it."""
+        started_wall, started_mono = self._clock.wall(), self._clock.monotonic()
+        sequence_before = self._reconciler.sequence
+        try:
+            report = await asyncio.wrap_future(self._thread.submit(self._reconciler.reconcile_once))
+        except Exception as exc:
+            log.exception("cycle raised; reporting it as failed")
+            sequence = self._reconciler.sequence
+            if sequence == sequence_before:  # raised before claiming a number
+                sequence = self._reconciler.next_sequence()
+            report = crashed_report(
+                sequence=sequence,
+                started_wall=started_wall,
+                started_monotonic=started_mono,
+                clock=self._clock,
+                exc=exc,
+            )
+        self._hub.publish(report)
+        _log_report(report)
+        if self._on_report is not None:
+            self._on_report(report)
+        return report
+
+
+def _log_report(report: CycleReport) -> None:
+    level = logging.INFO if report.enforced else logging.WARNING
+    log.log(
+        level,
+        "cycle seq=%d enforced=%s duration_ms=%.1f gpus=%d failures=%s",
+        report.sequence,
+        str(report.enforced).lower(),
+        report.duration_s * 1000,
+        len(report.gpus),
+        report.failure_summary or "-",
+    )

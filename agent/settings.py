@@ -1,0 +1,298 @@
+"""The agent's configuration: one frozen object, built and validated in one place.
+
+Every flag has an environment-variable twin (``NODE_NAME`` for
+``--node-name``, ``CAPWATCH_<FLAG>`` for the rest); a flag on the command line
+wins over its twin. Everything is validated before anything starts, and a bad
+value raises :class:`ConfigError` naming the flag and the reason, which the
+command line prints as one line before exiting 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from agent.capping import DEFAULT_ANNOTATION_KEY, MAX_REQUEST_WATTS
+from agent.errors import ConfigError
+
+DEFAULT_INTERVAL_S = 15.0
+DEFAULT_SAFE_DEFAULT_WATTS = 300
+DEFAULT_STATE_DIR = Path("/var/lib/capwatch")
+DEFAULT_PROC_ROOT = Path("/proc")
+MAX_INTERVAL_S = 3600.0
+
+# RFC 1123 DNS subdomain (node names), and Kubernetes qualified names (annotation keys).
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+class BackendKind(str, Enum):
+    NVML = "nvml"
+    SIM = "sim"
+
+
+class LogFormat(str, Enum):
+    TEXT = "text"
+    JSON = "json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSettings:
+    node_name: str | None  # None only with the sim backend: the scenario names the node
+    gpu_backend: BackendKind
+    scenario: Path | None  # sim only; None = the built-in scenario
+    interval_s: float
+    safe_default_watts: int
+    annotation_key: str
+    state_dir: Path
+    proc_root: Path
+    kubeconfig: Path | None
+    shutdown_grace_s: float
+    log_level: str
+    log_format: LogFormat
+
+    @property
+    def stale_after_s(self) -> float:
+        return 3 * self.interval_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Option:
+    flag: str
+    env: str
+    help: str
+    default: str | None
+    convert: Callable[[str, str], Any]
+
+
+def _positive_float(flag: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise ConfigError(flag, f"not a number: {text!r}") from exc
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(flag, f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _interval(flag: str, text: str) -> float:
+    value = _positive_float(flag, text)
+    if value > MAX_INTERVAL_S:
+        raise ConfigError(flag, f"must be at most {MAX_INTERVAL_S:g} seconds, got {text!r}")
+    return value
+
+
+def _watts(flag: str, text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text.strip()):
+        raise ConfigError(flag, f"must be a positive integer number of watts, got {text!r}")
+    value = int(text)
+    if not 0 < value <= MAX_REQUEST_WATTS:
+        raise ConfigError(flag, f"must be between 1 and {MAX_REQUEST_WATTS} watts, got {text!r}")
+    return value
+
+
+def _node_name(flag: str, text: str) -> str | None:
+    if text == "":
+        return None
+    if len(text) > 253 or not _DNS_SUBDOMAIN.fullmatch(text):
+        raise ConfigError(flag, f"not a valid Kubernetes node name: {text!r}")
+    return text
+
+
+def _annotation_key(flag: str, text: str) -> str:
+    prefix, _, name = text.rpartition("/")
+    if "/" in text and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        raise ConfigError(flag, f"prefix of {text!r} is not a DNS subdomain")
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.fullmatch(name):
+        raise ConfigError(flag, f"not a valid annotation key: {text!r}")
+    return text
+
+
+def _enum(kind: type[Enum]) -> Callable[[str, str], Any]:
+    def convert(flag: str, text: str) -> Any:
+        try:
+            return kind(text.lower())
+        except ValueError as exc:
+            choices = ", ".join(str(m.value) for m in kind)
+            raise ConfigError(flag, f"must be one of {choices}, got {text!r}") from exc
+
+    return convert
+
+
+def _optional_path(flag: str, text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+def _path(flag: str, text: str) -> Path:
+    if not text:
+        raise ConfigError(flag, "must not be empty")
+    return Path(text)
+
+
+def _log_level(flag: str, text: str) -> str:
+    level = text.upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise ConfigError(flag, f"must be one of debug, info, warning, error, got {text!r}")
+    return level
+
+
+_OPTIONS = (
+    _Option(
+        flag="--node-name",
+        env="NODE_NAME",
+        default="",
+        convert=_node_name,
+        help="this node's name (the pod view's spec.nodeName); defaults to the scenario's with sim",
+    ),
+    _Option(
+        flag="--gpu-backend",
+        env="CAPWATCH_GPU_BACKEND",
+        default="nvml",
+        convert=_enum(BackendKind),
+        help="nvml (real GPUs) or sim (scenario-driven simulator)",
+    ),
+    _Option(
+        flag="--scenario",
+        env="CAPWATCH_SCENARIO",
+        default="",
+        convert=_optional_path,
+        help="scenario file for the sim backend (default: the built-in scenario)",
+    ),
+    _Option(
+        flag="--interval",
+        env="CAPWATCH_INTERVAL",
+        default=str(DEFAULT_INTERVAL_S),
+        convert=_interval,
+        help="seconds to sleep after each cycle (fractions allowed)",
+    ),
+    _Option(
+        flag="--safe-default-watts",
+        env="CAPWATCH_SAFE_DEFAULT_WATTS",
+        default=str(DEFAULT_SAFE_DEFAULT_WATTS),
+        convert=_watts,
+        help="cap for GPUs whose pods ask for no single valid value",
+    ),
+    _Option(
+        flag="--annotation-key",
+        env="CAPWATCH_ANNOTATION_KEY",
+        default=DEFAULT_ANNOTATION_KEY,
+        convert=_annotation_key,
+        help="pod annotation holding the requested cap in integer watts",
+    ),
+    _Option(
+        flag="--state-dir",
+        env="CAPWATCH_STATE_DIR",
+        default=str(DEFAULT_STATE_DIR),
+        convert=_path,
+        help="directory for the ownership record (a hostPath in the DaemonSet)",
+    ),
+    _Option(
+        flag="--proc-root",
+        env="CAPWATCH_PROC_ROOT",
+        default=str(DEFAULT_PROC_ROOT),
+        convert=_path,
+        help="the host's /proc (the agent runs with hostPID)",
+    ),
+    _Option(
+        flag="--kubeconfig",
+        env="KUBECONFIG",
+        default="",
+        convert=_optional_path,
+        help="kubeconfig for running outside a cluster (in-cluster config otherwise)",
+    ),
+    _Option(
+        flag="--shutdown-grace",
+        env="CAPWATCH_SHUTDOWN_GRACE",
+        default="20",
+        convert=_positive_float,
+        help="seconds to wait for an in-flight cycle at shutdown before restoring caps anyway",
+    ),
+    _Option(
+        flag="--log-level",
+        env="CAPWATCH_LOG_LEVEL",
+        default="info",
+        convert=_log_level,
+        help="debug, info, warning or error",
+    ),
+    _Option(
+        flag="--log-format",
+        env="CAPWATCH_LOG_FORMAT",
+        default="text",
+        convert=_enum(LogFormat),
+        help="text or json",
+    ),
+)
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the agent's flags. Values stay raw strings until :func:`agent_settings`."""
+    for option in _OPTIONS:
+        parser.add_argument(
+            option.flag,
+            dest=_dest(option.flag),
+            default=None,
+            metavar=option.flag.removeprefix("--").upper().replace("-", "_"),
+            help=f"{option.help} [env {option.env}; default {option.default or 'unset'}]",
+        )
+
+
+def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -> AgentSettings:
+    """Build and validate the settings from parsed flags and the environment."""
+    values: dict[str, Any] = {}
+    for option in _OPTIONS:
+        raw = getattr(namespace, _dest(option.flag), None)
+        source = option.flag
+        if raw is None and option.env in environ:
+            raw, source = environ[option.env], f"{option.flag} (from ${option.env})"
+        if raw is None:
+            raw = option.default or ""
+        values[_dest(option.flag)] = option.convert(source, raw)
+    settings = AgentSettings(
+        node_name=values["node_name"],
+        gpu_backend=values["gpu_backend"],
+        scenario=values["scenario"],
+        interval_s=values["interval"],
+        safe_default_watts=values["safe_default_watts"],
+        annotation_key=values["annotation_key"],
+        state_dir=values["state_dir"],
+        proc_root=values["proc_root"],
+        kubeconfig=values["kubeconfig"],
+        shutdown_grace_s=values["shutdown_grace"],
+        log_level=values["log_level"],
+        log_format=values["log_format"],
+    )
+    _check_combination(settings)
+    return settings
+
+
+def _check_combination(settings: AgentSettings) -> None:
+    if settings.gpu_backend is BackendKind.NVML:
+        if settings.node_name is None:
+            raise ConfigError("--node-name", "required with the nvml backend (set NODE_NAME)")
+        if settings.scenario is not None:
+            raise ConfigError("--scenario", "only meaningful with --gpu-backend sim")
+        if not settings.proc_root.is_dir():
+            raise ConfigError("--proc-root", f"{settings.proc_root} is not a directory")
+    if settings.scenario is not None and not settings.scenario.is_file():
+        raise ConfigError("--scenario", f"{settings.scenario} is not a readable file")
+    _check_state_dir(settings.state_dir)
+
+
+def _check_state_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("--state-dir", f"cannot create {path}: {exc.strerror}") from exc
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError("--state-dir", f"{path} is not a writable directory")
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")

@@ -1,0 +1,1 @@
+"""capwatch's protocol edge: the command line, and (later) the gRPC services."""

@@ -1,0 +1,1 @@
+"""The fake libnvidia-ml.so.1: C source, build script and Python control."""

@@ -1,0 +1,149 @@
+/*
+ * fake_nvml.h - internal to the fake libnvidia-ml.so.1 (see fake_nvml.c).
+ *
+ * Shared state and helpers of the fake's translation units. Everything
+ * declared here has hidden visibility: the library exports only the NVML
+ * entry points and the fakenvml_* control API.
+ */
+#ifndef FAKE_NVML_H
+#define FAKE_NVML_H
+
+#include <nvml.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define FAKE_API_VERSION 1
+/* build.py passes the hash of source, header and flags, so a test can tell a
+ * stale library mapped in its process from the one just built. */
+#ifndef FAKENVML_BUILD_ID
+#define FAKENVML_BUILD_ID "unknown"
+#endif
+#define MAX_DEVICES 64
+#define MAX_PIDS 1024
+#define MAX_FAULTS 128
+#define MAX_LOG 4096
+#define UUID_LEN NVML_DEVICE_UUID_V2_BUFFER_SIZE
+#define ANY_DEVICE (-1)
+
+#define DEFAULT_DEVICE_COUNT 2
+#define DEFAULT_MIN_MW 100000U
+#define DEFAULT_MAX_MW 400000U
+#define DEFAULT_LIMIT_MW 300000U
+
+struct nvmlDevice_st {
+    char uuid[UUID_LEN];
+    unsigned int min_mw;
+    unsigned int max_mw;
+    unsigned int default_mw;
+    unsigned int current_mw;
+    unsigned int npids;
+    unsigned int pids[MAX_PIDS];
+    int uuid_change_pending;
+    unsigned int uuid_change_after; /* calls still to answer with the old UUID */
+    char next_uuid[UUID_LEN];
+};
+
+enum fn_id {
+    FN_INIT,
+    FN_SHUTDOWN,
+    FN_DRIVER_VERSION,
+    FN_NVML_VERSION,
+    FN_COUNT,
+    FN_HANDLE_BY_INDEX,
+    FN_UUID,
+    FN_LIMIT_CONSTRAINTS,
+    FN_DEFAULT_LIMIT,
+    FN_LIMIT,
+    FN_SET_LIMIT,
+    FN_PROCESSES,
+    FN__COUNT,
+    FN_ANY = -1,
+    FN_UNKNOWN = -2
+};
+
+struct fault {
+    int used;
+    int fn; /* enum fn_id or FN_ANY */
+    int device; /* index or ANY_DEVICE */
+    int rc;
+    long remaining; /* matching calls still to fail; -1 = forever */
+    long skip; /* matching calls still to let through first */
+    double hang_s;
+};
+
+struct log_entry {
+    int device;
+    char uuid[UUID_LEN];
+    unsigned int milliwatts;
+    int rc;
+};
+
+#define FAKE_INTERNAL __attribute__((visibility("hidden")))
+
+/* State (fake_nvml_state.c); every access holds g_lock, taken through lock(). */
+FAKE_INTERNAL extern struct nvmlDevice_st g_devs[MAX_DEVICES];
+FAKE_INTERNAL extern unsigned int g_count;
+FAKE_INTERNAL extern int g_refcount;
+FAKE_INTERNAL extern int g_config_loaded; /* FAKE_NVML_CONFIG considered since the last reset */
+FAKE_INTERNAL extern int g_config_broken;
+FAKE_INTERNAL extern struct fault g_faults[MAX_FAULTS];
+FAKE_INTERNAL extern struct log_entry g_log[MAX_LOG];
+FAKE_INTERNAL extern unsigned int g_log_len;
+FAKE_INTERNAL extern unsigned long g_calls[FN__COUNT][MAX_DEVICES + 1]; /* last: no device */
+FAKE_INTERNAL extern FILE *g_log_file;
+
+/* fake_nvml_state.c */
+FAKE_INTERNAL void lock(void);
+FAKE_INTERNAL void unlock(void);
+FAKE_INTERNAL void reset_locked(void);
+FAKE_INTERNAL nvmlReturn_t enter(enum fn_id fn, int device);
+FAKE_INTERNAL int handle_index(nvmlDevice_t device);
+FAKE_INTERNAL nvmlReturn_t device_locked(int index, struct nvmlDevice_st **out);
+FAKE_INTERNAL int add_fault(int fn, int device, int rc, long times, long after, double hang_s);
+FAKE_INTERNAL int set_count_locked(unsigned int n);
+FAKE_INTERNAL int copy_uuid(char *dst, const char *src);
+
+/* fake_nvml_names.c */
+FAKE_INTERNAL int fn_lookup(const char *name);
+FAKE_INTERNAL int rc_parse(const char *token);
+
+/* fake_nvml_config.c */
+FAKE_INTERNAL int load_config_locked(const char *path);
+FAKE_INTERNAL void load_env_config_locked(void);
+
+/*
+ * The control API (exported; fake_nvml_control.c, _names.c, _config.c).
+ * Returns: 0 = done, -1 = rejected (bad index, name, value), unless noted.
+ * Wrapped for tests by tests/fakenvml/control.py.
+ */
+int fakenvml_api_version(void);
+const char *fakenvml_build_id(void);
+void fakenvml_reset(void); /* defaults; no faults, logs, counts or inits */
+int fakenvml_set_device_count(unsigned int n);
+int fakenvml_configure_device(unsigned int index, const char *uuid, unsigned int min_mw,
+                              unsigned int max_mw, unsigned int default_mw,
+                              unsigned int current_mw);
+int fakenvml_set_processes(unsigned int index, const unsigned int *pids, unsigned int n);
+/* device -1: any; times -1: always; hang_seconds 0: no hang */
+int fakenvml_inject(const char *function, int device, int rc, long times, long after,
+                    double hang_seconds);
+void fakenvml_clear_faults(void); /* also pending UUID changes */
+int fakenvml_change_uuid(unsigned int index, unsigned int after_calls, const char *new_uuid);
+unsigned int fakenvml_write_log_count(void);
+int fakenvml_write_log_entry(unsigned int i, int *device, unsigned int *milliwatts, int *rc,
+                             char *uuid, unsigned int uuid_len);
+long fakenvml_limit(unsigned int index); /* current limit in mW, or -1 */
+int fakenvml_device_uuid(unsigned int index, char *uuid, unsigned int uuid_len);
+long fakenvml_call_count(const char *function, int device); /* device -1: all; -1 if unknown */
+int fakenvml_init_count(void); /* nvmlInit calls not yet shut down */
+int fakenvml_return_code(const char *name); /* nvmlReturn_t value, or -1 */
+int fakenvml_load_config(const char *path); /* 0, -1 unreadable, or the bad line number */
+
+#endif /* FAKE_NVML_H */

@@ -1,0 +1,172 @@
+/*
+ * fake_nvml_state.c - the fake libnvidia-ml.so.1's state: devices, faults, logs, call
+ * counts, behind one mutex; and the entry check every NVML function runs.
+ */
+
+#include "fake_nvml.h"
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+struct nvmlDevice_st g_devs[MAX_DEVICES];
+unsigned int g_count;
+int g_refcount;
+int g_config_loaded; /* FAKE_NVML_CONFIG considered since the last reset */
+int g_config_broken;
+static int g_state_ready; /* defaults filled in (lazily, on first use) */
+struct fault g_faults[MAX_FAULTS];
+struct log_entry g_log[MAX_LOG];
+unsigned int g_log_len;
+unsigned long g_calls[FN__COUNT][MAX_DEVICES + 1]; /* last slot: no device */
+FILE *g_log_file;
+
+static void device_defaults(unsigned int i)
+{
+    struct nvmlDevice_st *d = &g_devs[i];
+    memset(d, 0, sizeof *d);
+    snprintf(d->uuid, sizeof d->uuid, "GPU-fa4e0000-0000-4000-8000-%012x", i);
+    d->min_mw = DEFAULT_MIN_MW;
+    d->max_mw = DEFAULT_MAX_MW;
+    d->default_mw = DEFAULT_LIMIT_MW;
+    d->current_mw = DEFAULT_LIMIT_MW;
+}
+
+void reset_locked(void)
+{
+    unsigned int i;
+    for (i = 0; i < MAX_DEVICES; i++)
+        device_defaults(i);
+    g_count = DEFAULT_DEVICE_COUNT;
+    g_refcount = 0;
+    g_config_loaded = 0;
+    g_config_broken = 0;
+    memset(g_faults, 0, sizeof g_faults);
+    memset(g_log, 0, sizeof g_log);
+    g_log_len = 0;
+    memset(g_calls, 0, sizeof g_calls);
+    if (g_log_file != NULL) {
+        fclose(g_log_file);
+        g_log_file = NULL;
+    }
+    g_state_ready = 1;
+}
+
+/* Static storage starts zeroed; the defaults are filled in on first use. */
+void lock(void)
+{
+    pthread_mutex_lock(&g_lock);
+    if (!g_state_ready)
+        reset_locked();
+}
+
+void unlock(void)
+{
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void sleep_seconds(double seconds)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)seconds;
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Index of the device a handle points at, or -1 for a handle we never gave out. */
+int handle_index(nvmlDevice_t device)
+{
+    uintptr_t base = (uintptr_t)&g_devs[0];
+    uintptr_t addr = (uintptr_t)device;
+    if (addr < base || addr >= base + sizeof g_devs)
+        return -1;
+    if ((addr - base) % sizeof g_devs[0] != 0)
+        return -1;
+    return (int)((addr - base) / sizeof g_devs[0]);
+}
+
+/*
+ * Entry of every NVML function: count the call, pick the first fault that
+ * applies and consume it. A hang sleeps here with the mutex released.
+ * Returns NVML_SUCCESS when the call should proceed normally.
+ */
+nvmlReturn_t enter(enum fn_id fn, int device)
+{
+    int rc = NVML_SUCCESS;
+    double hang_s = 0.0;
+    int i;
+    int slot = (device >= 0 && device < MAX_DEVICES) ? device : MAX_DEVICES;
+
+    lock();
+    g_calls[fn][slot]++;
+    for (i = 0; i < MAX_FAULTS; i++) {
+        struct fault *f = &g_faults[i];
+        if (!f->used || (f->fn != FN_ANY && f->fn != (int)fn))
+            continue;
+        if (f->device != ANY_DEVICE && f->device != device)
+            continue;
+        if (f->skip > 0) {
+            f->skip--;
+            continue;
+        }
+        rc = f->rc;
+        hang_s = f->hang_s;
+        if (f->remaining > 0 && --f->remaining == 0)
+            f->used = 0;
+        break;
+    }
+    unlock();
+    if (hang_s > 0.0)
+        sleep_seconds(hang_s);
+    return (nvmlReturn_t)rc;
+}
+
+/* Resolve a handle to a live device, under the lock. */
+nvmlReturn_t device_locked(int index, struct nvmlDevice_st **out)
+{
+    if (g_refcount == 0)
+        return NVML_ERROR_UNINITIALIZED;
+    if (index < 0 || (unsigned int)index >= g_count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = &g_devs[index];
+    return NVML_SUCCESS;
+}
+
+int add_fault(int fn, int device, int rc, long times, long after, double hang_s)
+{
+    int i;
+    if (fn == FN_UNKNOWN || device < ANY_DEVICE || device >= MAX_DEVICES || rc < 0 ||
+        times == 0 || times < -1 || after < 0 || hang_s < 0.0)
+        return -1;
+    for (i = 0; i < MAX_FAULTS; i++) {
+        struct fault *f = &g_faults[i];
+        if (f->used)
+            continue;
+        f->used = 1;
+        f->fn = fn;
+        f->device = device;
+        f->rc = rc;
+        f->remaining = times;
+        f->skip = after;
+        f->hang_s = hang_s;
+        return 0;
+    }
+    return -1;
+}
+
+int set_count_locked(unsigned int n)
+{
+    unsigned int i;
+    if (n > MAX_DEVICES)
+        return -1;
+    for (i = g_count; i < n; i++)
+        device_defaults(i);
+    g_count = n;
+    return 0;
+}
+
+int copy_uuid(char *dst, const char *src)
+{
+    if (src == NULL || *src == '\0' || strlen(src) >= UUID_LEN)
+        return -1;
+    snprintf(dst, UUID_LEN, "%s", src);
+    return 0;
+}

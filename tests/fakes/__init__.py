@@ -1,0 +1,1 @@
+"""Fakes of the external systems capwatch talks to, shared by the tests."""

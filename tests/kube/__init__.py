@@ -1,0 +1,1 @@
+"""The Kubernetes pod view against the fake API server, through the real client."""

@@ -1,0 +1,68 @@
+"""Fixtures: a running fake API server, a real ``kubernetes`` client pointed at it,
+and a factory of pod views using that client."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from agent.clock import SystemClock
+from agent.kubernetes import KubernetesPodView
+from tests.fakes.kube_apiserver import FakeKubeApiServer
+from tests.kube.support import NODE
+
+
+@pytest.fixture
+def kube_apiserver() -> Iterator[FakeKubeApiServer]:
+    """A fake API server on 127.0.0.1:<ephemeral>, stopped after the test."""
+    server = FakeKubeApiServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kube_api_client(kube_apiserver: FakeKubeApiServer) -> Iterator[kubernetes.client.ApiClient]:
+    """A real ApiClient for the fake server: plain http, no auth, no urllib3 retries
+    (as ``api_client_from_environment`` configures it)."""
+    configuration = kubernetes.client.Configuration(host=kube_apiserver.url)
+    configuration.retries = False
+    client = kubernetes.client.ApiClient(configuration)
+    yield client
+    client.close()
+
+
+ViewFactory = Callable[..., KubernetesPodView]
+
+
+@pytest.fixture
+def make_view(kube_api_client: kubernetes.client.ApiClient) -> Iterator[ViewFactory]:
+    """Build (and by default start) views on ``node-a`` with test-sized timings;
+    every view is closed after the test."""
+    views: list[KubernetesPodView] = []
+
+    def factory(*, start: bool = True, **overrides: Any) -> KubernetesPodView:
+        settings: dict[str, Any] = {
+            "node_name": NODE,
+            "api_client": kube_api_client,
+            "clock": SystemClock(),
+            "stale_after": 0.4,
+            "backoff_initial": 0.005,
+            "backoff_max": 0.02,
+            "request_timeout": 5.0,
+            "rng": random.Random(7),
+        }
+        settings.update(overrides)
+        view = KubernetesPodView(**settings)
+        views.append(view)
+        if start:
+            view.start()
+        return view
+
+    yield factory
+    for view in views:
+        view.close()

@@ -1,0 +1,127 @@
+"""The ``capwatch`` command line: configuration errors, the demo, and SIGTERM handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from server.cli import main
+
+CAPWATCH = [sys.executable, "-m", "server.cli"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        (["--interval", "0"], {}, "--interval: must be a positive number"),
+        (["--interval", "soon"], {}, "--interval: not a number"),
+        (
+            [],
+            {"CAPWATCH_INTERVAL": "-3"},
+            "--interval (from $CAPWATCH_INTERVAL): must be a positive",
+        ),
+        (["--interval", "nan"], {}, "--interval: must be a positive number"),
+        (["--interval", "7200"], {}, "--interval: must be at most 3600"),
+        (["--safe-default-watts", "300W"], {}, "--safe-default-watts: must be a positive integer"),
+        (["--safe-default-watts", "0"], {}, "--safe-default-watts: must be between 1 and"),
+        (["--gpu-backend", "dcgm"], {}, "--gpu-backend: must be one of nvml, sim"),
+        (["--annotation-key", "bad key"], {}, "--annotation-key: not a valid annotation key"),
+        (["--annotation-key", "Bad_Prefix/x"], {}, "--annotation-key: prefix of"),
+        (["--node-name", "Node_1"], {}, "--node-name: not a valid Kubernetes node name"),
+        ([], {}, "--node-name: required with the nvml backend"),
+        (["--gpu-backend", "sim", "--scenario", "/nonexistent.yaml"], {}, "--scenario:"),
+        (["--node-name", "n1", "--scenario", "x.yaml"], {}, "--scenario: only meaningful"),
+        (["--log-level", "loud"], {}, "--log-level: must be one of"),
+        (
+            ["--gpu-backend", "sim", "--state-dir", "/proc/capwatch"],
+            {},
+            "--state-dir: cannot create",
+        ),
+    ],
+)
+def test_invalid_configuration_exits_2_with_one_line(
+    argv: list[str], env: dict[str, str], expected: str, capsys, tmp_path: Path
+):
+    """Every bad flag or environment twin exits 2 with one line naming it and the reason."""
+    if "--state-dir" not in argv:
+        argv = [*argv, "--state-dir", str(tmp_path / "state")]
+    assert main(["agent", *argv], env) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("capwatch agent: error: ")
+    assert expected in err
+
+
+def test_unknown_flag_is_one_line_too(capsys):
+    """argparse's own errors are one line as well, exit 2."""
+    with pytest.raises(SystemExit) as exc:
+        main(["agent", "--intervall", "3"], {})
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "unrecognized arguments: --intervall" in err
+
+
+def test_invalid_scenario_names_the_bad_key(tmp_path: Path, capsys):
+    """A scenario with a bad key fails start-up with exit 2 and the key's path."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("node_name: n\nsafe_default_watts: 300\ngpus: []\nbogus: 1\n")
+    code = main(
+        ["agent", "--gpu-backend", "sim", "--scenario", str(bad), "--state-dir", str(tmp_path)], {}
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "bogus" in err
+
+
+def test_demo_prints_each_cycle(tmp_path: Path):
+    """The demo runs the built-in scenario and prints a per-GPU table per cycle."""
+    proc = subprocess.run(
+        [*CAPWATCH, "demo", "--cycles", "2", "--interval", "0.05"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "cycle 1" in proc.stdout
+    assert "cycle 2" in proc.stdout
+    assert "OUTCOME" in proc.stdout
+    assert "enforced" in proc.stdout
+
+
+def test_sigterm_restores_caps_persists_and_exits_0(tmp_path: Path):
+    """SIGTERM stops the loop, restores owned GPUs, leaves an empty record, exits 0."""
+    state = tmp_path / "state"
+    env = {**os.environ, "CAPWATCH_STATE_DIR": str(state), "CAPWATCH_GPU_BACKEND": "sim"}
+    proc = subprocess.Popen(
+        [*CAPWATCH, "agent", "--interval", "0.05"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        record = state / "ownership.json"
+        while not (record.exists() and json.loads(record.read_text())["gpus"]):
+            assert time.monotonic() < deadline, "agent never capped a GPU"
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "shutdown restore" in err
+    assert "outcome=released" in err
+    assert json.loads(record.read_text())["gpus"] == {}

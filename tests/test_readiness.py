@@ -1,0 +1,105 @@
+"""The readiness rule and the hub that applies it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.clock import FakeClock
+from agent.hub import Hub
+from agent.readiness import ReadinessReason, evaluate, stale_after
+from agent.reports import CycleFailure, CycleFailureKind, CycleReport
+
+
+def report(seq: int, clock: FakeClock, *, ok: bool = True) -> CycleReport:
+    failures = () if ok else (CycleFailure(kind=CycleFailureKind.DEVICE_COUNT_FAILED, message="x"),)
+    now = clock.monotonic()
+    return CycleReport(
+        sequence=seq,
+        started_wall=clock.wall(),
+        finished_wall=clock.wall(),
+        started_monotonic=now,
+        finished_monotonic=now,
+        failures=failures,
+    )
+
+
+@pytest.mark.parametrize(
+    ("enforced", "age", "reason", "ready"),
+    [
+        (None, None, ReadinessReason.NO_CYCLE_YET, False),
+        (False, 1.0, ReadinessReason.CYCLE_FAILED, False),
+        (True, 0.0, ReadinessReason.READY, True),
+        (True, 44.9, ReadinessReason.READY, True),
+        (True, 45.0, ReadinessReason.STALE, False),
+        (False, 100.0, ReadinessReason.CYCLE_FAILED, False),
+    ],
+)
+def test_rule_table(enforced, age, reason, ready):
+    """Ready iff the last cycle was enforced and is younger than the staleness bound."""
+    result = evaluate(
+        last_cycle_enforced=enforced,
+        last_cycle_age_s=age,
+        last_good_age_s=age,
+        stale_after_s=stale_after(15),
+    )
+    assert result.reason is reason
+    assert result.ready is ready
+
+
+def test_healthy_cycle_longer_than_twice_the_interval_exposes_not_ready():
+    """The loop sleeps after a cycle, so a cycle over 2x interval passes the 3x bound.
+
+    Pinned so that a change of interval or bound cannot silently alter the budget.
+    """
+    interval = 15.0
+    clock = FakeClock()
+    hub = Hub(clock=clock, stale_after_s=stale_after(interval))
+    hub.publish(report(1, clock))
+    clock.advance(interval)  # the loop's sleep
+    clock.advance(2 * interval + 0.1)  # the next (healthy, but long) cycle is still running
+    assert hub.readiness().reason is ReadinessReason.STALE
+
+
+def test_hub_readiness_tracks_cycles_and_ignores_wall_clock_steps():
+    """Failed cycles drop readiness at once; stepping the wall clock changes nothing."""
+    clock = FakeClock()
+    hub = Hub(clock=clock, stale_after_s=45)
+    assert hub.readiness().reason is ReadinessReason.NO_CYCLE_YET
+    hub.publish(report(1, clock))
+    assert hub.readiness().ready
+    clock.step_wall(+3600)
+    assert hub.readiness().ready
+    clock.step_wall(-7200)
+    assert hub.readiness().ready
+    clock.advance(10)
+    hub.publish(report(2, clock, ok=False))
+    readiness = hub.readiness()
+    assert readiness.reason is ReadinessReason.CYCLE_FAILED
+    assert readiness.last_good_age_s == pytest.approx(10)
+    assert "device_count_failed" in readiness.text
+
+
+def test_ring_buffer_resume_and_resync():
+    """since() returns the missed cycles while the ring holds them, None once they are gone."""
+    clock = FakeClock()
+    hub = Hub(clock=clock, stale_after_s=45, capacity=3)
+    for seq in range(1, 6):
+        hub.publish(report(seq, clock))
+    assert [r.sequence for r in hub.since(3) or ()] == [4, 5]
+    assert [r.sequence for r in hub.since(2) or ()] == [3, 4, 5]
+    assert hub.since(1) is None
+    assert hub.since(5) == ()
+
+
+@pytest.mark.asyncio
+async def test_async_waiters_are_woken_by_a_publish_from_another_thread():
+    """Many asyncio readers wake on one publish made on a different thread."""
+    clock = FakeClock()
+    hub = Hub(clock=clock, stale_after_s=45)
+    waiters = [asyncio.create_task(hub.wait(0, timeout=5)) for _ in range(200)]
+    await asyncio.sleep(0.01)
+    await asyncio.to_thread(hub.publish, report(1, clock))
+    assert all(await asyncio.gather(*waiters))
+    assert not await hub.wait(1, timeout=0.05)

@@ -1,0 +1,137 @@
+"""The run loop and the agent's lifecycle, on the simulator with real threads and time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.attribution import Attributor, FsProcRoot
+from agent.clock import SystemClock
+from agent.hub import Hub
+from agent.lifecycle import Agent
+from agent.ownership import OwnershipStore
+from agent.readiness import ReadinessReason
+from agent.reconciling import Policy, Reconciler
+from agent.running import AgentLoop, CycleThread
+from agent.scenario import FaultOp, FaultSpec
+from tests.contract.conftest import KEY, POD_A, PODS
+from tests.contract.rigs import DEFAULT_W, SimRig
+from tests.fakes.pods import StaticPodView
+
+pytestmark = pytest.mark.asyncio
+
+
+def build(tmp_path: Path, *, interval: float = 0.05, grace: float = 1.0):
+    rig = SimRig(tmp_path / "proc")
+    pods = StaticPodView(PODS)
+    clock = SystemClock()
+    reconciler = Reconciler(
+        backend=rig.backend,
+        pods=pods,
+        attributor=Attributor(FsProcRoot(tmp_path / "proc")),
+        store=OwnershipStore(tmp_path / "state", clock=clock),
+        clock=clock,
+        policy=Policy(annotation_key=KEY, safe_default_watts=250),
+        initial_device_count=3,
+        listeners=rig.listeners,
+    )
+    hub = Hub(clock=clock, stale_after_s=3 * interval)
+    thread = CycleThread()
+    loop = AgentLoop(
+        reconciler=reconciler, hub=hub, clock=clock, interval_s=interval, cycle_thread=thread
+    )
+    agent = Agent(
+        backend=rig.backend,
+        pods=pods,
+        reconciler=reconciler,
+        hub=hub,
+        loop=loop,
+        cycle_thread=thread,
+        shutdown_grace_s=grace,
+    )
+    return rig, pods, hub, agent
+
+
+async def wait_until(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_readiness_goes_ready_after_the_first_good_cycle(tmp_path: Path):
+    """Not ready before any cycle; ready right after the first enforced one."""
+    rig, _, hub, agent = build(tmp_path)
+    rig.run(0, {1001: POD_A.ref.uid})
+    assert hub.readiness().reason is ReadinessReason.NO_CYCLE_YET
+    stop = asyncio.Event()
+    agent.start(stop)
+    await wait_until(lambda: hub.state().sequence >= 1)
+    assert hub.readiness().ready
+    stop.set()
+    await agent.stop()
+
+
+async def test_a_raising_cycle_fails_at_once_and_the_loop_goes_on(tmp_path: Path):
+    """An exception escaping reconcile_once publishes a failed cycle; the next one recovers."""
+    _, pods, hub, agent = build(tmp_path)
+    stop = asyncio.Event()
+    agent.start(stop)
+    await wait_until(lambda: hub.readiness().ready)
+    pods.raise_on_snapshot(RuntimeError("bug"))
+    await wait_until(lambda: hub.readiness().reason is ReadinessReason.CYCLE_FAILED)
+    failed = hub.state().latest
+    assert failed is not None
+    assert "internal_error" in hub.readiness().text
+    pods.raise_on_snapshot(None)
+    await wait_until(lambda: hub.readiness().ready)
+    assert hub.state().sequence > failed.sequence
+    stop.set()
+    await agent.stop()
+
+
+async def test_a_hung_cycle_goes_stale_without_freezing_the_event_loop(tmp_path: Path):
+    """A cycle stuck in a backend call makes readiness stale; the event loop keeps running."""
+    rig, _, hub, agent = build(tmp_path, interval=0.05, grace=0.3)
+    rig.run(0, {1001: POD_A.ref.uid})
+    stop = asyncio.Event()
+    agent.start(stop)
+    await wait_until(lambda: hub.readiness().ready)
+    rig.world.add_fault(FaultSpec(op=FaultOp.PROCESSES, gpu=0, hang_seconds=30))
+    ticks = 0
+    deadline = time.monotonic() + 5
+    while hub.readiness().reason is not ReadinessReason.STALE:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert ticks >= 10  # the loop ticked all along
+    stop.set()
+    summary = await agent.stop()
+    # The simulated hang is interruptible, so the stuck cycle ends and caps are restored.
+    assert summary.restore_finished
+    assert rig.limit_mw(0) == DEFAULT_W * 1000
+
+
+async def test_stop_restores_owned_gpus_even_when_the_cycle_never_returns(tmp_path: Path):
+    """An unkillable hang at shutdown: the stop waits out its grace, then restores anyway."""
+    rig, pods, hub, agent = build(tmp_path, interval=0.05, grace=0.3)
+    rig.run(0, {1001: POD_A.ref.uid})
+    stop = asyncio.Event()
+    agent.start(stop)
+    await wait_until(lambda: hub.readiness().ready)
+    assert rig.limit_mw(0) == 350_000
+    release = threading.Event()
+    pods.hold(release)  # not interruptible by the shutdown signal, like a hung NVML call
+    await asyncio.sleep(0.2)
+    stop.set()
+    started = time.monotonic()
+    summary = await agent.stop()
+    assert time.monotonic() - started < 2
+    assert not summary.cycle_finished
+    assert summary.restore_finished
+    assert rig.limit_mw(0) == DEFAULT_W * 1000
+    release.set()
