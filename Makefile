@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 FAKENVML := build/fakenvml
 
-.PHONY: setup demo test lint pytest fakenvml bench clean
+.PHONY: setup demo test lint pytest fakenvml bench clean proto proto-baseline
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,19 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/buf lint
+	$(BIN)/buf format --diff --exit-code
+	$(BIN)/buf breaking --against buf.baseline.binpb
+	$(BIN)/python scripts/genproto.py --check
+
+# Regenerate server/gen after editing proto/.
+proto: setup
+	$(BIN)/buf format --write
+	$(BIN)/python scripts/genproto.py
+
+# Accept the current protos as the compatibility baseline (a deliberate break).
+proto-baseline: setup
+	$(BIN)/buf build --output buf.baseline.binpb
 
 # pytest exits 5 when it collected nothing: for this suite that is a failure.
 pytest: setup fakenvml

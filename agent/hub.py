@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from agent.clock import Clock
+from agent.devices import DeviceState, fold
 from agent.readiness import Readiness, evaluate
 from agent.reports import CycleReport
 
@@ -32,14 +36,22 @@ class HubState:
     sequence: int  # of the latest report; 0 before any
     latest: CycleReport | None
     last_good_monotonic: float | None  # finish time of the last enforced cycle
+    devices: Mapping[int, DeviceState] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class Hub:
     def __init__(
-        self, *, clock: Clock, stale_after_s: float, capacity: int = DEFAULT_CAPACITY
+        self,
+        *,
+        clock: Clock,
+        stale_after_s: float,
+        capacity: int = DEFAULT_CAPACITY,
+        instance_id: str | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be positive")
+        # New for every agent start: sequence numbers restart with it.
+        self.instance_id = instance_id or str(uuid.uuid4())
         self._clock = clock
         self._stale_after_s = stale_after_s
         self._ring: deque[CycleReport] = deque(maxlen=capacity)
@@ -59,7 +71,10 @@ class Hub:
             )
             self._ring.append(report)
             self._state = HubState(
-                sequence=report.sequence, latest=report, last_good_monotonic=last_good
+                sequence=report.sequence,
+                latest=report,
+                last_good_monotonic=last_good,
+                devices=MappingProxyType(fold(self._state.devices, report)),
             )
             self._cond.notify_all()
             loops = list(self._loops.items())
@@ -74,9 +89,9 @@ class Hub:
         with self._cond:
             return self._state
 
-    def readiness(self) -> Readiness:
-        """The readiness rule applied to the hub's state, now."""
-        state = self.state()
+    def readiness(self, state: HubState | None = None) -> Readiness:
+        """The readiness rule applied to ``state`` (default: the current one), now."""
+        state = state or self.state()
         now = self._clock.monotonic()
         latest = state.latest
         return evaluate(

@@ -61,7 +61,8 @@ def _pod(ref: PodRef) -> str:
 def _short_uuid(uuid: str | None) -> str:
     if uuid is None:
         return "?"
-    return uuid if len(uuid) <= 16 else uuid[:15] + "…"
+    # UUIDs share long prefixes; the tail is what tells GPUs apart.
+    return uuid if len(uuid) <= 16 else uuid[:4] + "…" + uuid[-8:]
 
 
 def _num(value: int | None) -> str:

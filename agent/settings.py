@@ -10,17 +10,24 @@ command line prints as one line before exiting 2.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from agent.capping import DEFAULT_ANNOTATION_KEY, MAX_REQUEST_WATTS
 from agent.errors import ConfigError
+from agent.flags import (
+    Option,
+    add_options,
+    enum_choice,
+    optional_path,
+    path,
+    positive_float,
+    read_options,
+)
 
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_SAFE_DEFAULT_WATTS = 300
@@ -63,27 +70,8 @@ class AgentSettings:
         return 3 * self.interval_s
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Option:
-    flag: str
-    env: str
-    help: str
-    default: str | None
-    convert: Callable[[str, str], Any]
-
-
-def _positive_float(flag: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise ConfigError(flag, f"not a number: {text!r}") from exc
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(flag, f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
 def _interval(flag: str, text: str) -> float:
-    value = _positive_float(flag, text)
+    value = positive_float(flag, text)
     if value > MAX_INTERVAL_S:
         raise ConfigError(flag, f"must be at most {MAX_INTERVAL_S:g} seconds, got {text!r}")
     return value
@@ -115,27 +103,6 @@ def _annotation_key(flag: str, text: str) -> str:
     return text
 
 
-def _enum(kind: type[Enum]) -> Callable[[str, str], Any]:
-    def convert(flag: str, text: str) -> Any:
-        try:
-            return kind(text.lower())
-        except ValueError as exc:
-            choices = ", ".join(str(m.value) for m in kind)
-            raise ConfigError(flag, f"must be one of {choices}, got {text!r}") from exc
-
-    return convert
-
-
-def _optional_path(flag: str, text: str) -> Path | None:
-    return Path(text) if text else None
-
-
-def _path(flag: str, text: str) -> Path:
-    if not text:
-        raise ConfigError(flag, "must not be empty")
-    return Path(text)
-
-
 def _log_level(flag: str, text: str) -> str:
     level = text.upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
@@ -144,88 +111,88 @@ def _log_level(flag: str, text: str) -> str:
 
 
 _OPTIONS = (
-    _Option(
+    Option(
         flag="--node-name",
         env="NODE_NAME",
         default="",
         convert=_node_name,
         help="this node's name (the pod view's spec.nodeName); defaults to the scenario's with sim",
     ),
-    _Option(
+    Option(
         flag="--gpu-backend",
         env="CAPWATCH_GPU_BACKEND",
         default="nvml",
-        convert=_enum(BackendKind),
+        convert=enum_choice(BackendKind),
         help="nvml (real GPUs) or sim (scenario-driven simulator)",
     ),
-    _Option(
+    Option(
         flag="--scenario",
         env="CAPWATCH_SCENARIO",
         default="",
-        convert=_optional_path,
+        convert=optional_path,
         help="scenario file for the sim backend (default: the built-in scenario)",
     ),
-    _Option(
+    Option(
         flag="--interval",
         env="CAPWATCH_INTERVAL",
         default=str(DEFAULT_INTERVAL_S),
         convert=_interval,
         help="seconds to sleep after each cycle (fractions allowed)",
     ),
-    _Option(
+    Option(
         flag="--safe-default-watts",
         env="CAPWATCH_SAFE_DEFAULT_WATTS",
         default=str(DEFAULT_SAFE_DEFAULT_WATTS),
         convert=_watts,
         help="cap for GPUs whose pods ask for no single valid value",
     ),
-    _Option(
+    Option(
         flag="--annotation-key",
         env="CAPWATCH_ANNOTATION_KEY",
         default=DEFAULT_ANNOTATION_KEY,
         convert=_annotation_key,
         help="pod annotation holding the requested cap in integer watts",
     ),
-    _Option(
+    Option(
         flag="--state-dir",
         env="CAPWATCH_STATE_DIR",
         default=str(DEFAULT_STATE_DIR),
-        convert=_path,
+        convert=path,
         help="directory for the ownership record (a hostPath in the DaemonSet)",
     ),
-    _Option(
+    Option(
         flag="--proc-root",
         env="CAPWATCH_PROC_ROOT",
         default=str(DEFAULT_PROC_ROOT),
-        convert=_path,
+        convert=path,
         help="the host's /proc (the agent runs with hostPID)",
     ),
-    _Option(
+    Option(
         flag="--kubeconfig",
         env="KUBECONFIG",
         default="",
-        convert=_optional_path,
+        convert=optional_path,
         help="kubeconfig for running outside a cluster (in-cluster config otherwise)",
     ),
-    _Option(
+    Option(
         flag="--shutdown-grace",
         env="CAPWATCH_SHUTDOWN_GRACE",
         default="20",
-        convert=_positive_float,
+        convert=positive_float,
         help="seconds to wait for an in-flight cycle at shutdown before restoring caps anyway",
     ),
-    _Option(
+    Option(
         flag="--log-level",
         env="CAPWATCH_LOG_LEVEL",
         default="info",
         convert=_log_level,
         help="debug, info, warning or error",
     ),
-    _Option(
+    Option(
         flag="--log-format",
         env="CAPWATCH_LOG_FORMAT",
         default="text",
-        convert=_enum(LogFormat),
+        convert=enum_choice(LogFormat),
         help="text or json",
     ),
 )
@@ -233,27 +200,12 @@ _OPTIONS = (
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the agent's flags. Values stay raw strings until :func:`agent_settings`."""
-    for option in _OPTIONS:
-        parser.add_argument(
-            option.flag,
-            dest=_dest(option.flag),
-            default=None,
-            metavar=option.flag.removeprefix("--").upper().replace("-", "_"),
-            help=f"{option.help} [env {option.env}; default {option.default or 'unset'}]",
-        )
+    add_options(parser, _OPTIONS)
 
 
 def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -> AgentSettings:
     """Build and validate the settings from parsed flags and the environment."""
-    values: dict[str, Any] = {}
-    for option in _OPTIONS:
-        raw = getattr(namespace, _dest(option.flag), None)
-        source = option.flag
-        if raw is None and option.env in environ:
-            raw, source = environ[option.env], f"{option.flag} (from ${option.env})"
-        if raw is None:
-            raw = option.default or ""
-        values[_dest(option.flag)] = option.convert(source, raw)
+    values = read_options(namespace, environ, _OPTIONS)
     settings = AgentSettings(
         node_name=values["node_name"],
         gpu_backend=values["gpu_backend"],
@@ -292,7 +244,3 @@ def _check_state_dir(path: Path) -> None:
         raise ConfigError("--state-dir", f"cannot create {path}: {exc.strerror}") from exc
     if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError("--state-dir", f"{path} is not a writable directory")
-
-
-def _dest(flag: str) -> str:
-    return flag.removeprefix("--").replace("-", "_")

@@ -1,0 +1,77 @@
+"""Per-GPU state across cycles: the latest result for each device, and its health.
+
+The hub folds every CycleReport into this table, so a consumer that joins at
+any time sees every GPU, including those the latest cycle did not reach (an
+aborted or interrupted cycle reaches none or some). ``last_transition_wall``
+moves only when a GPU's outcome or reason changes, so consumers can tell a new
+failure from a persisting one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from agent.readiness import Readiness, ReadinessReason
+from agent.reports import CycleReport, GpuResult, Outcome
+
+
+class DeviceHealth(str, Enum):
+    UNKNOWN = "unknown"  # nothing reported yet, or the agent's reports are stale
+    HEALTHY = "healthy"  # its last step completed
+    UNHEALTHY = "unhealthy"  # its last step failed
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceState:
+    index: int
+    result: GpuResult  # the latest step that reached this GPU
+    sequence: int  # the cycle of that step
+    last_update_wall: float
+    last_transition_wall: float
+
+    @property
+    def uuid(self) -> str | None:
+        return self.result.uuid
+
+
+def fold(previous: Mapping[int, DeviceState], report: CycleReport) -> dict[int, DeviceState]:
+    """The device table after ``report``. Pure; O(number of GPUs)."""
+    table = dict(previous)
+    for result in report.gpus:
+        old = table.get(result.index)
+        changed = (
+            old is None
+            or old.result.outcome is not result.outcome
+            or old.result.reason is not result.reason
+            or old.result.uuid != result.uuid
+        )
+        table[result.index] = DeviceState(
+            index=result.index,
+            result=result,
+            sequence=report.sequence,
+            last_update_wall=report.finished_wall,
+            last_transition_wall=report.finished_wall
+            if changed or old is None
+            else old.last_transition_wall,
+        )
+    return table
+
+
+def device_health(
+    state: DeviceState, *, latest: CycleReport | None, readiness: Readiness
+) -> DeviceHealth:
+    """What to say about one GPU now.
+
+    UNKNOWN while the agent's reports are stale or before any cycle, and when
+    the latest cycle aborted before reaching the GPUs (their state is not
+    known to be current); otherwise the GPU's own last step decides.
+    """
+    if readiness.reason in (ReadinessReason.STALE, ReadinessReason.NO_CYCLE_YET):
+        return DeviceHealth.UNKNOWN
+    if latest is not None and latest.abort_reason is not None:
+        return DeviceHealth.UNKNOWN
+    if state.result.outcome is Outcome.FAILED:
+        return DeviceHealth.UNHEALTHY
+    return DeviceHealth.HEALTHY
