@@ -16,6 +16,7 @@ from pathlib import Path
 
 from agent.attribution import Attributor, FsProcRoot
 from agent.clock import Clock, SystemClock
+from agent.devices import inventory
 from agent.errors import BackendUnavailable, CapwatchError, PodViewError
 from agent.gpus import GpuBackend, GpuError
 from agent.hub import Hub
@@ -96,7 +97,11 @@ def _assemble(
         release_unowned_idle=status is LoadStatus.UNREADABLE,
         listeners=parts.listeners,
     )
-    hub = Hub(clock=clock, stale_after_s=settings.stale_after_s)
+    hub = Hub(
+        clock=clock,
+        stale_after_s=settings.stale_after_s,
+        devices=inventory(_uuids(parts.backend, count), wall=clock.wall()),
+    )
     cycle_thread = CycleThread()
     loop = AgentLoop(
         reconciler=reconciler,
@@ -115,6 +120,8 @@ def _assemble(
         settings.stale_after_s,
     )
     return Agent(
+        node_name=parts.node_name,
+        interval_s=settings.interval_s,
         backend=parts.backend,
         pods=parts.pods,
         reconciler=reconciler,
@@ -124,6 +131,18 @@ def _assemble(
         shutdown_grace_s=settings.shutdown_grace_s,
         cleanups=parts.cleanups,
     )
+
+
+def _uuids(backend: GpuBackend, count: int) -> dict[int, str | None]:
+    """Every GPU's UUID at start, so consumers list them before the first cycle."""
+    uuids: dict[int, str | None] = {}
+    for index in range(count):
+        try:
+            uuids[index] = backend.uuid(index)
+        except GpuError as exc:
+            log.warning("uuid read failed at start gpu=%d error=%s", index, exc)
+            uuids[index] = None
+    return uuids
 
 
 def _simulated(settings: AgentSettings) -> _Parts:

@@ -26,14 +26,26 @@ class DeviceHealth(str, Enum):
 @dataclass(frozen=True, kw_only=True)
 class DeviceState:
     index: int
-    result: GpuResult  # the latest step that reached this GPU
-    sequence: int  # the cycle of that step
+    uuid: str | None
+    result: GpuResult | None  # the latest step that reached this GPU; None: none yet
+    sequence: int  # the cycle of that step (0: none)
     last_update_wall: float
     last_transition_wall: float
 
-    @property
-    def uuid(self) -> str | None:
-        return self.result.uuid
+
+def inventory(uuids: Mapping[int, str | None], *, wall: float) -> dict[int, DeviceState]:
+    """The table at start-up: every GPU known, none reported on yet."""
+    return {
+        index: DeviceState(
+            index=index,
+            uuid=uuid,
+            result=None,
+            sequence=0,
+            last_update_wall=wall,
+            last_transition_wall=wall,
+        )
+        for index, uuid in uuids.items()
+    }
 
 
 def fold(previous: Mapping[int, DeviceState], report: CycleReport) -> dict[int, DeviceState]:
@@ -43,12 +55,14 @@ def fold(previous: Mapping[int, DeviceState], report: CycleReport) -> dict[int, 
         old = table.get(result.index)
         changed = (
             old is None
+            or old.result is None
             or old.result.outcome is not result.outcome
             or old.result.reason is not result.reason
-            or old.result.uuid != result.uuid
+            or old.uuid != result.uuid
         )
         table[result.index] = DeviceState(
             index=result.index,
+            uuid=result.uuid or (old.uuid if old else None),
             result=result,
             sequence=report.sequence,
             last_update_wall=report.finished_wall,
@@ -64,13 +78,13 @@ def device_health(
 ) -> DeviceHealth:
     """What to say about one GPU now.
 
-    UNKNOWN while the agent's reports are stale or before any cycle, and when
-    the latest cycle aborted before reaching the GPUs (their state is not
-    known to be current); otherwise the GPU's own last step decides.
+    UNKNOWN while the agent's reports are stale, before any cycle reached the
+    GPU, and when the latest cycle aborted before reaching the GPUs (their
+    state is not known to be current); otherwise the GPU's own last step decides.
     """
     if readiness.reason in (ReadinessReason.STALE, ReadinessReason.NO_CYCLE_YET):
         return DeviceHealth.UNKNOWN
-    if latest is not None and latest.abort_reason is not None:
+    if state.result is None or (latest is not None and latest.abort_reason is not None):
         return DeviceHealth.UNKNOWN
     if state.result.outcome is Outcome.FAILED:
         return DeviceHealth.UNHEALTHY

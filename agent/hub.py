@@ -14,6 +14,7 @@ cycle is one call per attached event loop, not per reader.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from collections import deque
@@ -47,6 +48,7 @@ class Hub:
         stale_after_s: float,
         capacity: int = DEFAULT_CAPACITY,
         instance_id: str | None = None,
+        devices: Mapping[int, DeviceState] | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be positive")
@@ -55,9 +57,19 @@ class Hub:
         self._clock = clock
         self._stale_after_s = stale_after_s
         self._ring: deque[CycleReport] = deque(maxlen=capacity)
-        self._state = HubState(sequence=0, latest=None, last_good_monotonic=None)
+        self._state = HubState(
+            sequence=0,
+            latest=None,
+            last_good_monotonic=None,
+            devices=MappingProxyType(dict(devices or {})),
+        )
+        self._readers_released = False
         self._cond = threading.Condition()
         self._loops: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
 
     @property
     def stale_after_s(self) -> float:
@@ -118,13 +130,28 @@ class Hub:
         with self._cond:
             return self._cond.wait_for(lambda: self._state.sequence > after_sequence, timeout)
 
+    def release_readers(self) -> None:
+        """Make every current and future :meth:`wait` return at once (server shutdown)."""
+        with self._cond:
+            self._readers_released = True
+            loops = list(self._loops.items())
+        for loop, event in loops:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
+
+    @property
+    def readers_released(self) -> bool:
+        return self._readers_released
+
     async def wait(self, after_sequence: int, timeout: float | None = None) -> bool:  # noqa: ASYNC109
-        """Await a report newer than ``after_sequence``; False on timeout."""
+        """Await a report newer than ``after_sequence``; False on timeout or release."""
         loop = asyncio.get_running_loop()
         while True:
             with self._cond:
                 if self._state.sequence > after_sequence:
                     return True
+                if self._readers_released:
+                    return False
                 event = self._loops.get(loop)
                 if event is None or event.is_set():
                     event = self._loops[loop] = asyncio.Event()

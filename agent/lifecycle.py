@@ -50,6 +50,8 @@ class Agent:
     def __init__(
         self,
         *,
+        node_name: str,
+        interval_s: float,
         backend: GpuBackend,
         pods: PodView,
         reconciler: Reconciler,
@@ -59,6 +61,8 @@ class Agent:
         shutdown_grace_s: float,
         cleanups: tuple[Callable[[], None], ...] = (),
     ) -> None:
+        self.node_name = node_name
+        self.interval_s = interval_s
         self.backend = backend
         self.pods = pods
         self.reconciler = reconciler
@@ -82,6 +86,23 @@ class Agent:
         self._task = task
         return task
 
+    def close(self) -> None:
+        """Release everything without restoring caps: for an agent that never started.
+
+        A start-up failure (a port in use, say) must not run the restore sweep:
+        the agent enforced nothing, and restoring would undo what a previous
+        agent's record still says it owns.
+        """
+        self._cycle_thread.close()
+        self._close_all()
+
+    def _close_all(self) -> None:
+        for close in (self.pods.close, self.backend.close, *self._cleanups):
+            try:
+                close()
+            except Exception:
+                log.exception("error while closing %s", close)
+
     async def stop(self) -> ShutdownSummary:
         """Stop the loop, restore owned GPUs, close everything. Safe to call once."""
         self.reconciler.request_shutdown()
@@ -104,11 +125,7 @@ class Agent:
                 result.reason.value,
             )
         self._cycle_thread.close()
-        for close in (self.pods.close, self.backend.close, *self._cleanups):
-            try:
-                close()
-            except Exception:
-                log.exception("error while closing %s", close)
+        self._close_all()
         return ShutdownSummary(
             cycle_finished=cycle_finished, restored=restored, restore_finished=restore_finished
         )

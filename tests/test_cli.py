@@ -85,7 +85,7 @@ def test_invalid_scenario_names_the_bad_key(tmp_path: Path, capsys):
 def test_demo_prints_each_cycle(tmp_path: Path):
     """The demo runs the built-in scenario and prints a per-GPU table per cycle."""
     proc = subprocess.run(
-        [*CAPWATCH, "demo", "--cycles", "2", "--interval", "0.05"],
+        [*CAPWATCH, "demo", "--cycles", "2", "--interval", "0.05", "--grpc-listen", "127.0.0.1:0"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -101,7 +101,12 @@ def test_demo_prints_each_cycle(tmp_path: Path):
 def test_sigterm_restores_caps_persists_and_exits_0(tmp_path: Path):
     """SIGTERM stops the loop, restores owned GPUs, leaves an empty record, exits 0."""
     state = tmp_path / "state"
-    env = {**os.environ, "CAPWATCH_STATE_DIR": str(state), "CAPWATCH_GPU_BACKEND": "sim"}
+    env = {
+        **os.environ,
+        "CAPWATCH_STATE_DIR": str(state),
+        "CAPWATCH_GPU_BACKEND": "sim",
+        "CAPWATCH_GRPC_LISTEN": f"unix://{tmp_path}/agent.sock,127.0.0.1:0",
+    }
     proc = subprocess.Popen(
         [*CAPWATCH, "agent", "--interval", "0.05"],
         env=env,
@@ -125,3 +130,4 @@ def test_sigterm_restores_caps_persists_and_exits_0(tmp_path: Path):
     assert "shutdown restore" in err
     assert "outcome=released" in err
     assert json.loads(record.read_text())["gpus"] == {}
+    assert not (tmp_path / "agent.sock").exists()  # the socket is removed on exit

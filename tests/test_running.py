@@ -45,6 +45,8 @@ def build(tmp_path: Path, *, interval: float = 0.05, grace: float = 1.0):
         reconciler=reconciler, hub=hub, clock=clock, interval_s=interval, cycle_thread=thread
     )
     agent = Agent(
+        node_name="rig",
+        interval_s=interval,
         backend=rig.backend,
         pods=pods,
         reconciler=reconciler,

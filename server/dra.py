@@ -1,0 +1,124 @@
+"""The kubelet's DRA resource-health API, served from the hub (v1alpha1 and v1).
+
+Every message carries the full device list: on open, after every cycle, and
+again whenever nothing happened for one interval, well within
+``health_check_timeout_seconds`` (the staleness bound, rounded up), because the
+kubelet expires devices it has not heard about and ignores
+``last_updated_time``. Messages are stable reason text with no live numbers:
+each change of message is a pod status update in the kubelet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from agent.devices import DeviceHealth, DeviceState, device_health
+from agent.readiness import ReadinessReason
+from agent.reports import Outcome
+from server.gen.v1 import dra_health_pb2 as v1_pb
+from server.gen.v1 import dra_health_pb2_grpc as v1_grpc
+from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
+from server.mapping import NOT_REPORTED
+from server.publication import Publication, View
+
+MAX_MESSAGE = 1024  # the kubelet truncates longer messages
+
+# The same numbers in both versions (HealthStatus UNKNOWN=0, HEALTHY=1, UNHEALTHY=2).
+_HEALTH = {DeviceHealth.UNKNOWN: 0, DeviceHealth.HEALTHY: 1, DeviceHealth.UNHEALTHY: 2}
+
+_HEALTHY_TEXT = {
+    Outcome.ENFORCED: "capwatch: power cap enforced",
+    Outcome.IDLE: "capwatch: idle, no power cap required",
+    Outcome.RELEASED: "capwatch: idle, default power limit restored",
+}
+
+
+def device_message(state: DeviceState, view: View) -> tuple[DeviceHealth, str]:
+    """The health and the stable message for one GPU, as of ``view``."""
+    health = device_health(state, latest=view.state.latest, readiness=view.readiness)
+    latest = view.state.latest
+    if view.readiness.reason is ReadinessReason.NO_CYCLE_YET or state.result is None:
+        return (
+            health,
+            f"capwatch: no enforcement cycle has reported on this GPU yet ({NOT_REPORTED})",
+        )
+    if view.readiness.reason is ReadinessReason.STALE:
+        return health, "capwatch: agent has not completed a cycle within its staleness bound"
+    if latest is not None and latest.abort_reason is not None:
+        return health, f"capwatch: enforcement cycle aborted ({latest.abort_reason.value})"
+    result = state.result
+    if result.outcome is not Outcome.FAILED:
+        return health, _HEALTHY_TEXT[result.outcome]
+    detail = result.reason.value
+    if result.error_class is not None:
+        detail += f": {result.error_class.value}"
+    return health, f"capwatch: power cap not enforced ({detail})"[:MAX_MESSAGE]
+
+
+class _DraServicer:
+    """One implementation for both API versions; ``pb`` is the version's message module."""
+
+    def __init__(self, publication: Publication, pb: ModuleType) -> None:
+        self._pub = publication
+        self._pb = pb
+        # Whole seconds, rounded up: the kubelet's field is an int64.
+        self._timeout_s = math.ceil(publication.stale_after_s)
+
+    def response(self, view: View) -> Any:
+        pb = self._pb
+        devices = []
+        for state in sorted(view.state.devices.values(), key=lambda s: s.index):
+            health, message = device_message(state, view)
+            devices.append(
+                pb.DeviceHealth(
+                    device=pb.DeviceIdentifier(
+                        pool_name=self._pub.pool_name,
+                        device_name=self._pub.namer(state.index, state.uuid),
+                    ),
+                    health=_HEALTH[health],
+                    last_updated_time=int(state.last_update_wall),
+                    health_check_timeout_seconds=self._timeout_s,
+                    message=message,
+                )
+            )
+        return pb.NodeWatchResourcesResponse(devices=devices)
+
+    async def NodeWatchResources(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        if not self._pub.try_subscribe():
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "subscriber limit reached or shutting down"
+            )
+        try:
+            hub = self._pub.hub
+            view = self._pub.view()
+            cursor = view.state.sequence
+            yield self.response(view)
+            # Re-send at least every interval: a third of the kubelet's timeout.
+            while not self._pub.stopping.is_set():
+                await hub.wait(cursor, self._pub.interval_s)
+                if self._pub.stopping.is_set():
+                    return
+                view = self._pub.view()
+                cursor = view.state.sequence
+                self._pub.messages_sent += 1
+                yield self.response(view)
+        finally:
+            self._pub.unsubscribe()
+
+
+class DraV1alpha1Servicer(_DraServicer, v1alpha1_grpc.DRAResourceHealthServicer):
+    def __init__(self, publication: Publication) -> None:
+        _DraServicer.__init__(self, publication, v1alpha1_pb)
+
+
+class DraV1Servicer(_DraServicer, v1_grpc.DRAResourceHealthServicer):
+    def __init__(self, publication: Publication) -> None:
+        _DraServicer.__init__(self, publication, v1_pb)

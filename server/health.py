@@ -1,0 +1,48 @@
+"""grpc.health.v1 for the agent: SERVING exactly when the readiness rule holds.
+
+The status follows cycles as they land, and also flips to NOT_SERVING when the
+staleness bound passes with no cycle (a hung cycle publishes nothing, so a
+timer, not a publish, has to notice).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from grpc_health.v1 import health_pb2
+from grpc_health.v1._async import HealthServicer
+
+from server.publication import Publication
+
+log = logging.getLogger(__name__)
+
+SERVICES = ("", "capwatch.v1.NodeHealthService")
+# Re-evaluate this long after the moment the rule can flip, so the flip has happened.
+_EPSILON_S = 0.01
+
+
+async def track_readiness(health: HealthServicer, publication: Publication) -> None:
+    """Keep the health status in step with readiness until the publication stops."""
+    hub = publication.hub
+    last: int | None = None
+    while not publication.stopping.is_set():
+        view = publication.view()
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if view.readiness.ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        if status != last:
+            for service in SERVICES:
+                await health.set(service, status)
+            log.info(
+                "grpc health status=%s readiness=%s",
+                health_pb2.HealthCheckResponse.ServingStatus.Name(status),
+                view.readiness.text,
+            )
+            last = status
+        timeout = publication.interval_s
+        age = view.last_cycle_age_s
+        if view.readiness.ready and age is not None:
+            timeout = max(0.0, publication.stale_after_s - age) + _EPSILON_S
+        await hub.wait(view.state.sequence, timeout)

@@ -1,0 +1,70 @@
+"""Run the node agent: the reconcile loop and its gRPC server, started and stopped in order.
+
+Start: assemble the agent, bind every listener (a failure here is fatal
+before any cap is touched), then start the loop. Stop (SIGTERM, SIGINT, or a
+supervised task dying): gRPC health NOT_SERVING, streams ended, server stopped
+with grace, then the loop stopped, owned GPUs restored, NVML closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+from agent.assembly import build_agent
+from agent.reports import CycleReport
+from agent.settings import AgentSettings
+from server.publication import Publication
+from server.serving import AgentServer
+from server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+async def run_agent(
+    settings: AgentSettings,
+    server_settings: ServerSettings,
+    *,
+    on_report: Callable[[CycleReport], None] | None = None,
+    on_serving: Callable[[AgentServer], None] | None = None,
+    max_cycles: int | None = None,
+) -> int:
+    """Run until stopped; returns the process exit code. Raises CapwatchError at start-up."""
+    agent = build_agent(settings, on_report=on_report)
+    stop = asyncio.Event()
+    publication = Publication(
+        hub=agent.hub,
+        clock=agent.hub.clock,
+        node_name=agent.node_name,
+        interval_s=agent.interval_s,
+        namer=server_settings.device_namer(),
+        pool_name=server_settings.dra_pool_name or agent.node_name,
+        max_subscribers=server_settings.max_subscribers,
+    )
+    server = AgentServer(settings=server_settings, publication=publication, on_fatal=stop.set)
+    try:
+        await server.start()
+    except BaseException:
+        agent.close()
+        raise
+    if on_serving is not None:
+        on_serving(server)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    task = agent.start(stop, max_cycles=max_cycles)
+    try:
+        await stop.wait()
+        log.info("stopping: readiness off, streams ended, then default caps restored")
+        await server.stop()
+        summary = await agent.stop()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    died = task.done() and not task.cancelled() and task.exception() is not None
+    log.info("stopped clean=%s restored=%d", str(summary.clean).lower(), len(summary.restored))
+    return EXIT_FAILED if died else EXIT_OK

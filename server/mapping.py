@@ -1,0 +1,279 @@
+"""Pure mappers from the agent's domain values to capwatch.v1 protobuf messages.
+
+Nothing here does I/O or reads a clock: every age and timestamp is passed in,
+so each mapper is a function of its arguments and is table-tested.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from agent.devices import DeviceHealth, DeviceState, device_health
+from agent.readiness import Readiness, ReadinessReason
+from agent.reports import (
+    AbortReason,
+    CapSource,
+    ClampDirection,
+    CycleReport,
+    GpuResult,
+    Outcome,
+    SafeDefaultCause,
+)
+from server.gen.capwatch.v1 import node_health_pb2 as pb
+
+DeviceNamer = Callable[[int, str | None], str]
+
+# Reason code of a GPU known at start-up that no cycle has reached yet.
+NOT_REPORTED = "not_reported"
+
+READINESS_REASON: Mapping[ReadinessReason, pb.ReadinessReason.ValueType] = {
+    ReadinessReason.READY: pb.READINESS_REASON_READY,
+    ReadinessReason.NO_CYCLE_YET: pb.READINESS_REASON_NO_CYCLE_YET,
+    ReadinessReason.CYCLE_FAILED: pb.READINESS_REASON_CYCLE_FAILED,
+    ReadinessReason.STALE: pb.READINESS_REASON_STALE,
+    # The agent never reports stream-lost about itself; consumers do.
+    ReadinessReason.STREAM_LOST: pb.READINESS_REASON_UNSPECIFIED,
+}
+ABORT_REASON: Mapping[AbortReason | None, pb.AbortReason.ValueType] = {
+    None: pb.ABORT_REASON_NONE,
+    AbortReason.POD_VIEW_NOT_SYNCED: pb.ABORT_REASON_POD_VIEW_NOT_SYNCED,
+    AbortReason.INTERNAL_ERROR: pb.ABORT_REASON_INTERNAL_ERROR,
+}
+DEVICE_HEALTH: Mapping[DeviceHealth, pb.DeviceHealth.ValueType] = {
+    DeviceHealth.UNKNOWN: pb.DEVICE_HEALTH_UNKNOWN,
+    DeviceHealth.HEALTHY: pb.DEVICE_HEALTH_HEALTHY,
+    DeviceHealth.UNHEALTHY: pb.DEVICE_HEALTH_UNHEALTHY,
+}
+OUTCOME: Mapping[Outcome, pb.Outcome.ValueType] = {
+    Outcome.ENFORCED: pb.OUTCOME_ENFORCED,
+    Outcome.IDLE: pb.OUTCOME_IDLE,
+    Outcome.RELEASED: pb.OUTCOME_RELEASED,
+    Outcome.FAILED: pb.OUTCOME_FAILED,
+}
+CAP_SOURCE: Mapping[CapSource | None, pb.CapSource.ValueType] = {
+    None: pb.CAP_SOURCE_UNSPECIFIED,
+    CapSource.ANNOTATION: pb.CAP_SOURCE_ANNOTATION,
+    CapSource.AGREED: pb.CAP_SOURCE_AGREED,
+    CapSource.SAFE_DEFAULT: pb.CAP_SOURCE_SAFE_DEFAULT,
+}
+SAFE_DEFAULT_CAUSE: Mapping[SafeDefaultCause | None, pb.SafeDefaultCause.ValueType] = {
+    None: pb.SAFE_DEFAULT_CAUSE_UNSPECIFIED,
+    SafeDefaultCause.MISSING: pb.SAFE_DEFAULT_CAUSE_MISSING,
+    SafeDefaultCause.INVALID: pb.SAFE_DEFAULT_CAUSE_INVALID,
+    SafeDefaultCause.DISAGREE: pb.SAFE_DEFAULT_CAUSE_DISAGREE,
+    SafeDefaultCause.NO_POD: pb.SAFE_DEFAULT_CAUSE_NO_POD,
+}
+CLAMP_DIRECTION: Mapping[ClampDirection, pb.ClampDirection.ValueType] = {
+    ClampDirection.NONE: pb.CLAMP_DIRECTION_NONE,
+    ClampDirection.RAISED_TO_MIN: pb.CLAMP_DIRECTION_RAISED_TO_MIN,
+    ClampDirection.LOWERED_TO_MAX: pb.CLAMP_DIRECTION_LOWERED_TO_MAX,
+}
+
+
+def duration(seconds: float) -> Duration:
+    """A non-negative duration (ages never go backwards on a monotonic clock)."""
+    whole, nanos = divmod(max(0, round(seconds * 1e9)), 1_000_000_000)
+    return Duration(seconds=whole, nanos=nanos)
+
+
+def timestamp(wall: float) -> Timestamp:
+    whole, nanos = divmod(round(wall * 1e9), 1_000_000_000)
+    return Timestamp(seconds=whole, nanos=nanos)
+
+
+def readiness(ready: Readiness, *, last_cycle_age_s: float | None) -> pb.Readiness:
+    message = pb.Readiness(
+        ready=ready.ready, reason=READINESS_REASON[ready.reason], detail=ready.detail
+    )
+    if ready.last_good_age_s is not None:
+        message.last_good_cycle_age.CopyFrom(duration(ready.last_good_age_s))
+    if last_cycle_age_s is not None:
+        message.last_cycle_age.CopyFrom(duration(last_cycle_age_s))
+    return message
+
+
+def gpu_result(
+    result: GpuResult,
+    *,
+    dra_device_name: str,
+    health: DeviceHealth,
+    sequence: int,
+    last_update_wall: float,
+    last_transition_wall: float,
+) -> pb.DeviceStatus:
+    message = pb.DeviceStatus(
+        index=result.index,
+        uuid=result.uuid or "",
+        dra_device_name=dra_device_name,
+        health=DEVICE_HEALTH[health],
+        outcome=OUTCOME[result.outcome],
+        reason=result.reason.value,
+        error_class=result.error_class.value if result.error_class else "",
+        message=result.message,
+        owners=[pb.PodRef(namespace=p.namespace, name=p.name, uid=p.uid) for p in result.owners],
+        cap_source=CAP_SOURCE[result.cap_source],
+        safe_default_cause=SAFE_DEFAULT_CAUSE[result.safe_default_cause],
+        clamp_direction=CLAMP_DIRECTION[result.clamp],
+        last_transition_time=timestamp(last_transition_wall),
+        last_update_time=timestamp(last_update_wall),
+        process_count=result.process_count,
+        sequence=sequence,
+    )
+    if result.requested_watts is not None:
+        message.requested_watts = result.requested_watts
+    if result.resolved_watts is not None:
+        message.resolved_watts = result.resolved_watts
+    if result.applied_watts is not None:
+        message.applied_watts = result.applied_watts
+    return message
+
+
+def device_state(
+    state: DeviceState,
+    *,
+    namer: DeviceNamer,
+    latest: CycleReport | None,
+    ready: Readiness,
+) -> pb.DeviceStatus:
+    if state.result is None:
+        return pb.DeviceStatus(
+            index=state.index,
+            uuid=state.uuid or "",
+            dra_device_name=namer(state.index, state.uuid),
+            health=pb.DEVICE_HEALTH_UNKNOWN,
+            outcome=pb.OUTCOME_UNSPECIFIED,
+            reason=NOT_REPORTED,
+            message="no cycle has reached this GPU yet",
+            last_transition_time=timestamp(state.last_transition_wall),
+            last_update_time=timestamp(state.last_update_wall),
+        )
+    return gpu_result(
+        state.result,
+        dra_device_name=namer(state.index, state.uuid),
+        health=device_health(state, latest=latest, readiness=ready),
+        sequence=state.sequence,
+        last_update_wall=state.last_update_wall,
+        last_transition_wall=state.last_transition_wall,
+    )
+
+
+def cycle(
+    report: CycleReport,
+    *,
+    devices: Mapping[int, DeviceState],
+    namer: DeviceNamer,
+    ready: Readiness,
+    age_s: float,
+    include: Callable[[int, str | None], bool] = lambda index, uuid: True,
+) -> pb.CycleReport:
+    """One cycle; its devices carry their transition times from the device table."""
+    statuses = []
+    for result in report.gpus:
+        if not include(result.index, result.uuid):
+            continue
+        state = devices.get(result.index)
+        transition = (
+            state.last_transition_wall
+            if state is not None and state.sequence == report.sequence
+            else report.finished_wall
+        )
+        statuses.append(
+            gpu_result(
+                result,
+                dra_device_name=namer(result.index, result.uuid),
+                health=device_health(
+                    DeviceState(
+                        index=result.index,
+                        uuid=result.uuid,
+                        result=result,
+                        sequence=report.sequence,
+                        last_update_wall=report.finished_wall,
+                        last_transition_wall=transition,
+                    ),
+                    latest=report,
+                    readiness=ready,
+                ),
+                sequence=report.sequence,
+                last_update_wall=report.finished_wall,
+                last_transition_wall=transition,
+            )
+        )
+    return pb.CycleReport(
+        sequence=report.sequence,
+        started=timestamp(report.started_wall),
+        finished=timestamp(report.finished_wall),
+        duration=duration(report.duration_s),
+        enforced=report.enforced,
+        abort_reason=ABORT_REASON[report.abort_reason],
+        failures=[pb.CycleFailure(kind=f.kind.value, message=f.message) for f in report.failures],
+        devices=statuses,
+        readiness=readiness(ready, last_cycle_age_s=age_s),
+        interrupted=report.interrupted,
+        failure_summary=report.failure_summary,
+    )
+
+
+def snapshot(
+    *,
+    node_name: str,
+    instance_id: str,
+    interval_s: float,
+    stale_after_s: float,
+    sequence: int,
+    latest: CycleReport | None,
+    devices: Mapping[int, DeviceState],
+    namer: DeviceNamer,
+    ready: Readiness,
+    last_cycle_age_s: float | None,
+    resync: bool = False,
+    include: Callable[[int, str | None], bool] = lambda index, uuid: True,
+) -> pb.NodeSnapshot:
+    message = pb.NodeSnapshot(
+        node_name=node_name,
+        agent_instance_id=instance_id,
+        interval=duration(interval_s),
+        stale_after=duration(stale_after_s),
+        readiness=readiness(ready, last_cycle_age_s=last_cycle_age_s),
+        devices=[
+            device_state(state, namer=namer, latest=latest, ready=ready)
+            for state in _sorted(devices.values())
+            if include(state.index, state.uuid)
+        ],
+        resync=resync,
+        sequence=sequence,
+    )
+    if latest is not None:
+        message.last_cycle.CopyFrom(
+            cycle(
+                latest,
+                devices=devices,
+                namer=namer,
+                ready=ready,
+                age_s=last_cycle_age_s or 0.0,
+                include=include,
+            )
+        )
+    return message
+
+
+def heartbeat(
+    *,
+    wall: float,
+    sequence: int,
+    instance_id: str,
+    ready: Readiness,
+    last_cycle_age_s: float | None,
+) -> pb.Heartbeat:
+    return pb.Heartbeat(
+        time=timestamp(wall),
+        last_sequence=sequence,
+        agent_instance_id=instance_id,
+        readiness=readiness(ready, last_cycle_age_s=last_cycle_age_s),
+    )
+
+
+def _sorted(states: Iterable[DeviceState]) -> list[DeviceState]:
+    return sorted(states, key=lambda s: s.index)

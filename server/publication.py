@@ -1,0 +1,103 @@
+"""What every stream needs to know about the agent it publishes, in one place.
+
+The servicers (capwatch.v1, the DRA mirrors, grpc health) read the hub through
+a :class:`Publication`, which also counts subscribers so the limit holds across
+all streaming services together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.clock import Clock
+from agent.hub import Hub, HubState
+from agent.readiness import Readiness
+from server.gen.capwatch.v1 import node_health_pb2 as pb
+from server.mapping import DeviceNamer
+from server.mapping import snapshot as snapshot_message
+
+
+@dataclass(frozen=True, kw_only=True)
+class View:
+    """The hub's state and the readiness rule applied to it, at one monotonic instant."""
+
+    state: HubState
+    readiness: Readiness
+    now_monotonic: float
+    now_wall: float
+
+    @property
+    def last_cycle_age_s(self) -> float | None:
+        latest = self.state.latest
+        return None if latest is None else self.now_monotonic - latest.finished_monotonic
+
+
+class Publication:
+    def __init__(
+        self,
+        *,
+        hub: Hub,
+        clock: Clock,
+        node_name: str,
+        interval_s: float,
+        namer: DeviceNamer,
+        pool_name: str,
+        max_subscribers: int,
+    ) -> None:
+        self.hub = hub
+        self.clock = clock
+        self.node_name = node_name
+        self.interval_s = interval_s
+        self.namer = namer
+        self.pool_name = pool_name
+        self.max_subscribers = max_subscribers
+        self.subscribers = 0
+        self.messages_sent = 0
+        self.stopping = asyncio.Event()
+
+    @property
+    def stale_after_s(self) -> float:
+        return self.hub.stale_after_s
+
+    def view(self) -> View:
+        state = self.hub.state()
+        return View(
+            state=state,
+            readiness=self.hub.readiness(state),
+            now_monotonic=self.clock.monotonic(),
+            now_wall=self.clock.wall(),
+        )
+
+    def try_subscribe(self) -> bool:
+        """Claim a subscriber slot; False when the limit is reached or the server stops."""
+        if self.stopping.is_set() or self.subscribers >= self.max_subscribers:
+            return False
+        self.subscribers += 1
+        return True
+
+    def unsubscribe(self) -> None:
+        self.subscribers -= 1
+
+    def snapshot(
+        self,
+        view: View,
+        *,
+        resync: bool = False,
+        include: Callable[[int, str | None], bool] = lambda index, uuid: True,
+    ) -> pb.NodeSnapshot:
+        return snapshot_message(
+            node_name=self.node_name,
+            instance_id=self.hub.instance_id,
+            interval_s=self.interval_s,
+            stale_after_s=self.stale_after_s,
+            sequence=view.state.sequence,
+            latest=view.state.latest,
+            devices=view.state.devices,
+            namer=self.namer,
+            ready=view.readiness,
+            last_cycle_age_s=view.last_cycle_age_s,
+            resync=resync,
+            include=include,
+        )

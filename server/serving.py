@@ -1,0 +1,187 @@
+"""The agent's gRPC server: listeners, TLS, limits, services, and ordered shutdown.
+
+Services: capwatch.v1.NodeHealthService, the DRA resource-health mirrors
+(v1alpha1 and v1), grpc.health.v1 and server reflection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import stat
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from agent.errors import CapwatchError
+from server.dra import DraV1alpha1Servicer, DraV1Servicer
+from server.gen.capwatch.v1 import node_health_pb2, node_health_pb2_grpc
+from server.gen.v1 import dra_health_pb2 as v1_pb
+from server.gen.v1 import dra_health_pb2_grpc as v1_grpc
+from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
+from server.health import track_readiness
+from server.publication import Publication
+from server.settings import Listener, ServerSettings
+from server.watching import NodeHealthServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    node_health_pb2.DESCRIPTOR.services_by_name["NodeHealthService"].full_name,
+    v1alpha1_pb.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name,
+    v1_pb.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name,
+    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+    reflection.SERVICE_NAME,
+)
+
+OPTIONS: Sequence[tuple[str, int]] = (
+    # Requests are tiny; refuse anything big before it is buffered.
+    ("grpc.max_receive_message_length", 64 * 1024),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+    # Notice dead subscribers (a node reboot, a cut link) and let clients ping.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    # grpc core queues at most 1000 (hard limit 3000) calls not yet matched to a
+    # handler and fails the rest; a burst of thousands of new streams (every
+    # controller reconnecting at once) must all succeed.
+    ("grpc.server.max_pending_requests", 20_000),
+    ("grpc.server.max_pending_requests_hard_limit", 40_000),
+    # An address in use must fail the start, not be shared with another process.
+    ("grpc.so_reuseport", 0),
+)
+
+
+class ServeError(CapwatchError):
+    """A listener could not be set up (address in use, bad certificate, ...)."""
+
+
+class AgentServer:
+    def __init__(
+        self,
+        *,
+        settings: ServerSettings,
+        publication: Publication,
+        on_fatal: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._on_fatal = on_fatal  # a supervised task died: the process must stop
+        self._settings = settings
+        self._pub = publication
+        self._server = grpc.aio.server(options=OPTIONS)
+        self._health = HealthServicer()
+        self._tracker: asyncio.Task[None] | None = None
+        self._sockets: list[Path] = []
+        self.addresses: list[str] = []  # as bound (port 0 resolved)
+        node_health_pb2_grpc.add_NodeHealthServiceServicer_to_server(
+            NodeHealthServicer(publication), self._server
+        )
+        v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+            DraV1alpha1Servicer(publication), self._server
+        )
+        v1_grpc.add_DRAResourceHealthServicer_to_server(DraV1Servicer(publication), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(SERVICE_NAMES, self._server)
+
+    @property
+    def publication(self) -> Publication:
+        return self._pub
+
+    async def start(self) -> None:
+        """Bind every listener and start serving. Raises ServeError; binds all or none."""
+        try:
+            for listener in self._settings.listeners:
+                self.addresses.append(self._bind(listener))
+        except BaseException:
+            self._remove_sockets()
+            raise
+        await self._server.start()
+        self._tracker = asyncio.create_task(
+            track_readiness(self._health, self._pub), name="capwatch-grpc-health"
+        )
+        self._tracker.add_done_callback(self._supervise)
+        log.info("grpc serving addresses=%s", ",".join(self.addresses))
+
+    async def stop(self) -> None:
+        """Readiness first, then the streams, then the server; each step bounded."""
+        await self._health.enter_graceful_shutdown()
+        self._pub.stopping.set()
+        self._pub.hub.release_readers()  # Watch streams end with OK, not a reset
+        await self._server.stop(self._settings.grace_s)
+        if self._tracker is not None:
+            self._tracker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tracker
+        self._remove_sockets()
+        log.info("grpc stopped")
+
+    def _bind(self, listener: Listener) -> str:
+        if listener.unix_path is not None:
+            return self._bind_unix(listener.unix_path)
+        tls = self._settings.tls
+        try:
+            if tls is None:
+                port = self._server.add_insecure_port(listener.address)
+            else:
+                credentials = grpc.ssl_server_credentials(
+                    [(tls.key.read_bytes(), tls.cert.read_bytes())],
+                    root_certificates=tls.client_ca.read_bytes() if tls.client_ca else None,
+                    require_client_auth=tls.client_ca is not None,
+                )
+                port = self._server.add_secure_port(listener.address, credentials)
+        except (RuntimeError, OSError) as exc:
+            raise ServeError(f"cannot listen on {listener.address}: {exc}") from exc
+        if port == 0:
+            raise ServeError(f"cannot listen on {listener.address} (address in use?)")
+        host = listener.address.rsplit(":", 1)[0]
+        return f"{host}:{port}"
+
+    def _bind_unix(self, path: Path) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise ServeError(f"{path} exists and is not a socket; refusing to replace it")
+            path.unlink()  # left by a previous agent that did not exit cleanly
+        # Create the socket as 0660 from the start: no window in which another
+        # user could connect. The shim reaches it through the socket's group.
+        old = os.umask(0o117)
+        try:
+            port = self._server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as exc:
+            raise ServeError(f"cannot listen on unix://{path}: {exc}") from exc
+        finally:
+            os.umask(old)
+        if port == 0 or not path.exists():
+            raise ServeError(f"cannot listen on unix://{path}")
+        self._sockets.append(path)
+        if self._settings.socket_group:
+            try:
+                shutil.chown(path, group=self._settings.socket_group)
+            except (LookupError, OSError) as exc:
+                raise ServeError(
+                    f"cannot give {path} to group {self._settings.socket_group}: {exc}"
+                ) from exc
+        return f"unix://{path}"
+
+    def _remove_sockets(self) -> None:
+        for path in self._sockets:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self._sockets.clear()
+
+    def _supervise(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._pub.stopping.is_set():
+            return
+        log.error(
+            "task %s ended unexpectedly; stopping", task.get_name(), exc_info=task.exception()
+        )
+        self._on_fatal()

@@ -1,0 +1,232 @@
+"""The protocol edge's configuration: gRPC listeners, TLS, DRA naming, limits.
+
+Built the same way as the agent's settings (agent/flags.py): every flag has an
+environment twin and every value is validated before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import ConfigError
+from agent.flags import Option, add_options, optional_path, read_options
+
+DEFAULT_SOCKET = Path("/run/capwatch/agent.sock")
+DEFAULT_LISTEN = (f"unix://{DEFAULT_SOCKET}", "0.0.0.0:50051")
+DEFAULT_DEVICE_NAME = "gpu-{index}"
+MAX_SUBSCRIBERS = 20_000
+
+_HOST_PORT = re.compile(r"(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]*):(?P<port>[0-9]{1,5})")
+_DNS_LABELS = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Listener:
+    """One address to serve on: a unix socket path, or host:port over TCP."""
+
+    address: str  # as grpc wants it: "unix:///path" or "host:port"
+    unix_path: Path | None = None
+
+    @property
+    def is_unix(self) -> bool:
+        return self.unix_path is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    client_ca: Path | None  # set: mutual TLS, clients must present a cert it signed
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    listeners: tuple[Listener, ...]
+    tls: TlsFiles | None  # applies to TCP listeners; the unix socket relies on file modes
+    socket_group: str | None  # group owning the unix socket (mode 0660)
+    dra_pool_name: str | None  # None: the node name
+    dra_device_name: str  # template with {index} and/or {uuid}
+    max_subscribers: int
+    grace_s: float  # for in-flight RPCs at shutdown
+
+    def device_namer(self) -> DeviceNamerTemplate:
+        return DeviceNamerTemplate(self.dra_device_name)
+
+
+@dataclass(frozen=True)
+class DeviceNamerTemplate:
+    """DRA device names from a template: ``gpu-{index}`` by default, or ``{uuid}``-based."""
+
+    template: str
+
+    def __call__(self, index: int, uuid: str | None) -> str:
+        return self.template.format(index=index, uuid=(uuid or f"unknown-{index}").lower())
+
+
+def _listener(flag: str, text: str) -> Listener:
+    if text.startswith("unix://"):
+        path = Path(text.removeprefix("unix://"))
+        if not path.is_absolute():
+            raise ConfigError(flag, f"unix socket path must be absolute: {text!r}")
+        return Listener(address=f"unix://{path}", unix_path=path)
+    match = _HOST_PORT.fullmatch(text)
+    if match is None or not 0 <= int(match["port"]) <= 65535:
+        raise ConfigError(flag, f"expected unix:///path or host:port, got {text!r}")
+    return Listener(address=text)
+
+
+def _device_template(flag: str, text: str) -> str:
+    try:
+        sample = text.format(index=0, uuid="gpu-00000000-0000-0000-0000-000000000000")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(flag, f"template may use only {{index}} and {{uuid}}: {text!r}") from exc
+    if "{index}" not in text and "{uuid}" not in text:
+        raise ConfigError(flag, "template must contain {index} or {uuid} to tell GPUs apart")
+    if len(sample) > 63 or not _DNS_LABELS.fullmatch(sample) or "." in sample:
+        raise ConfigError(flag, f"{text!r} does not give a DNS label (a DRA device name)")
+    return text
+
+
+def _pool_name(flag: str, text: str) -> str | None:
+    if not text:
+        return None
+    if len(text) > 253 or not _DNS_LABELS.fullmatch(text):
+        raise ConfigError(flag, f"not a valid DRA pool name: {text!r}")
+    return text
+
+
+def _subscribers(flag: str, text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_SUBSCRIBERS:
+        raise ConfigError(flag, f"must be an integer from 1 to {MAX_SUBSCRIBERS}, got {text!r}")
+    return int(text)
+
+
+def _grace(flag: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise ConfigError(flag, f"not a number: {text!r}") from exc
+    if not 0 <= value <= 300:
+        raise ConfigError(flag, f"must be between 0 and 300 seconds, got {text!r}")
+    return value
+
+
+def _group(flag: str, text: str) -> str | None:
+    if text and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}", text):
+        raise ConfigError(flag, f"not a group name or id: {text!r}")
+    return text or None
+
+
+_OPTIONS = (
+    Option(
+        flag="--grpc-listen",
+        env="CAPWATCH_GRPC_LISTEN",
+        default=",".join(DEFAULT_LISTEN),
+        convert=_listener,
+        repeatable=True,
+        help="address to serve gRPC on, repeatable: unix:///path or host:port",
+    ),
+    Option(
+        flag="--grpc-tls-cert",
+        env="CAPWATCH_GRPC_TLS_CERT",
+        default="",
+        convert=optional_path,
+        help="PEM certificate for TCP listeners (TLS off when unset)",
+    ),
+    Option(
+        flag="--grpc-tls-key",
+        env="CAPWATCH_GRPC_TLS_KEY",
+        default="",
+        convert=optional_path,
+        help="PEM private key for --grpc-tls-cert",
+    ),
+    Option(
+        flag="--grpc-tls-client-ca",
+        env="CAPWATCH_GRPC_TLS_CLIENT_CA",
+        default="",
+        convert=optional_path,
+        help="PEM CA bundle; when set, TCP clients must present a certificate it signed",
+    ),
+    Option(
+        flag="--grpc-socket-group",
+        env="CAPWATCH_GRPC_SOCKET_GROUP",
+        default="",
+        convert=_group,
+        help="group given access to the unix socket (mode 0660)",
+    ),
+    Option(
+        flag="--dra-pool-name",
+        env="CAPWATCH_DRA_POOL_NAME",
+        default="",
+        convert=_pool_name,
+        help="pool_name in the DRA health mirrors (default: the node name)",
+    ),
+    Option(
+        flag="--dra-device-name",
+        env="CAPWATCH_DRA_DEVICE_NAME",
+        default=DEFAULT_DEVICE_NAME,
+        convert=_device_template,
+        help="device_name template in the DRA health mirrors: {index}, {uuid}",
+    ),
+    Option(
+        flag="--grpc-max-subscribers",
+        env="CAPWATCH_GRPC_MAX_SUBSCRIBERS",
+        default="10000",
+        convert=_subscribers,
+        help="concurrent Watch and NodeWatchResources streams; more get RESOURCE_EXHAUSTED",
+    ),
+    Option(
+        flag="--grpc-grace",
+        env="CAPWATCH_GRPC_GRACE",
+        default="5",
+        convert=_grace,
+        help="seconds in-flight RPCs get to finish at shutdown",
+    ),
+)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, _OPTIONS)
+
+
+def server_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -> ServerSettings:
+    values = read_options(namespace, environ, _OPTIONS)
+    listeners: tuple[Listener, ...] = values["grpc_listen"]
+    if not listeners:
+        raise ConfigError("--grpc-listen", "at least one address is required")
+    if len({listener.address for listener in listeners}) != len(listeners):
+        raise ConfigError("--grpc-listen", "the same address is given twice")
+    cert, key, client_ca = (
+        values["grpc_tls_cert"],
+        values["grpc_tls_key"],
+        values["grpc_tls_client_ca"],
+    )
+    tls = None
+    if (cert is None) != (key is None):
+        raise ConfigError("--grpc-tls-cert", "--grpc-tls-cert and --grpc-tls-key go together")
+    if client_ca is not None and cert is None:
+        raise ConfigError(
+            "--grpc-tls-client-ca", "mutual TLS needs --grpc-tls-cert and --grpc-tls-key"
+        )
+    if cert is not None and key is not None:
+        for flag, path in (
+            ("--grpc-tls-cert", cert),
+            ("--grpc-tls-key", key),
+            ("--grpc-tls-client-ca", client_ca),
+        ):
+            if path is not None and not path.is_file():
+                raise ConfigError(flag, f"{path} is not a readable file")
+        tls = TlsFiles(cert=cert, key=key, client_ca=client_ca)
+    return ServerSettings(
+        listeners=listeners,
+        tls=tls,
+        socket_group=values["grpc_socket_group"],
+        dra_pool_name=values["dra_pool_name"],
+        dra_device_name=values["dra_device_name"],
+        max_subscribers=values["grpc_max_subscribers"],
+        grace_s=values["grpc_grace"],
+    )

@@ -1,0 +1,151 @@
+"""capwatch.v1.NodeHealthService: ``Watch`` and ``GetSnapshot``.
+
+A Watch stream reads the hub's ring buffer at its own pace: the loop never
+waits for it. A subscriber that stops reading blocks only its own coroutine
+(HTTP/2 flow control), holds at most the message in flight, and on its return
+either catches up from the ring or, when its cycles have been overwritten,
+receives a fresh snapshot marked ``resync``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from agent.reports import CycleReport
+from server.gen.capwatch.v1 import node_health_pb2 as pb
+from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from server.mapping import cycle as cycle_message
+from server.mapping import heartbeat as heartbeat_message
+from server.publication import Publication, View
+
+log = logging.getLogger(__name__)
+
+MIN_HEARTBEAT_S = 0.05
+MAX_HEARTBEAT_S = 3600.0
+MAX_FILTER_UUIDS = 256
+MAX_UUID_LENGTH = 128
+
+Include = Callable[[int, str | None], bool]
+
+
+class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
+    def __init__(self, publication: Publication) -> None:
+        self._pub = publication
+
+    async def GetSnapshot(
+        self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> pb.GetSnapshotResponse:
+        include = await _filter(request.filter, context)
+        return pb.GetSnapshotResponse(
+            snapshot=self._pub.snapshot(self._pub.view(), include=include)
+        )
+
+    async def Watch(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> AsyncIterator[pb.WatchResponse]:
+        include = await _filter(request.filter, context)
+        heartbeat_s = self._pub.interval_s
+        if request.HasField("heartbeat_interval"):
+            heartbeat_s = request.heartbeat_interval.ToTimedelta().total_seconds()
+            if not MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"heartbeat_interval must be between {MIN_HEARTBEAT_S}s and "
+                    f"{MAX_HEARTBEAT_S:g}s",
+                )
+        if not self._pub.try_subscribe():
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE
+                if self._pub.stopping.is_set()
+                else grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "agent is shutting down"
+                if self._pub.stopping.is_set()
+                else f"subscriber limit ({self._pub.max_subscribers}) reached",
+            )
+        try:
+            async for message in self._stream(request, include, heartbeat_s):
+                self._pub.messages_sent += 1
+                yield message
+        finally:
+            self._pub.unsubscribe()
+
+    async def _stream(
+        self, request: pb.WatchRequest, include: Include, heartbeat_s: float
+    ) -> AsyncIterator[pb.WatchResponse]:
+        hub = self._pub.hub
+        view = self._pub.view()
+        cursor = view.state.sequence
+        same_instance = request.agent_instance_id in ("", hub.instance_id)
+        if request.since_sequence == 0:
+            yield pb.WatchResponse(snapshot=self._pub.snapshot(view, include=include))
+        else:
+            missed = hub.since(request.since_sequence) if same_instance else None
+            if missed is None or request.since_sequence > view.state.sequence:
+                yield pb.WatchResponse(
+                    snapshot=self._pub.snapshot(view, resync=True, include=include)
+                )
+            else:
+                for report in missed:
+                    yield pb.WatchResponse(cycle=self._cycle(report, view, include))
+                cursor = missed[-1].sequence if missed else request.since_sequence
+                if not missed:
+                    yield pb.WatchResponse(heartbeat=self._heartbeat(view))
+        while not self._pub.stopping.is_set():
+            if not await hub.wait(cursor, heartbeat_s):
+                if self._pub.stopping.is_set():
+                    return
+                yield pb.WatchResponse(heartbeat=self._heartbeat(self._pub.view()))
+                continue
+            view = self._pub.view()
+            reports = hub.since(cursor)
+            if reports is None:  # fell behind further than the ring holds
+                log.info("watch subscriber fell behind; resyncing cursor=%d", cursor)
+                yield pb.WatchResponse(
+                    snapshot=self._pub.snapshot(view, resync=True, include=include)
+                )
+                cursor = view.state.sequence
+                continue
+            for report in reports:
+                yield pb.WatchResponse(cycle=self._cycle(report, view, include))
+                cursor = report.sequence
+
+    def _cycle(self, report: CycleReport, view: View, include: Include) -> pb.CycleReport:
+        return cycle_message(
+            report,
+            devices=view.state.devices,
+            namer=self._pub.namer,
+            ready=view.readiness,
+            age_s=view.now_monotonic - report.finished_monotonic,
+            include=include,
+        )
+
+    def _heartbeat(self, view: View) -> pb.Heartbeat:
+        return heartbeat_message(
+            wall=view.now_wall,
+            sequence=view.state.sequence,
+            instance_id=self._pub.hub.instance_id,
+            ready=view.readiness,
+            last_cycle_age_s=view.last_cycle_age_s,
+        )
+
+
+async def _filter(
+    request: pb.DeviceFilter, context: grpc.aio.ServicerContext[object, object]
+) -> Include:
+    indexes = frozenset(request.indexes)
+    uuids = frozenset(u.lower() for u in request.uuids)
+    if len(request.uuids) > MAX_FILTER_UUIDS or any(len(u) > MAX_UUID_LENGTH for u in uuids):
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"filter.uuids: at most {MAX_FILTER_UUIDS} UUIDs of at most {MAX_UUID_LENGTH} chars",
+        )
+    if not indexes and not uuids:
+        return lambda index, uuid: True
+
+    def include(index: int, uuid: str | None) -> bool:
+        return index in indexes or (uuid is not None and uuid.lower() in uuids)
+
+    return include
