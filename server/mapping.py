@@ -6,6 +6,7 @@ so each mapper is a function of its arguments and is table-tested.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 
 from google.protobuf.duration_pb2 import Duration
@@ -80,8 +81,10 @@ def duration(seconds: float) -> Duration:
 
 
 def timestamp(wall: float) -> Timestamp:
-    whole, nanos = divmod(round(wall * 1e9), 1_000_000_000)
-    return Timestamp(seconds=whole, nanos=nanos)
+    # Split before scaling: wall * 1e9 is past a float's exact-integer range.
+    whole = math.floor(wall)
+    carry, nanos = divmod(round((wall - whole) * 1e9), 1_000_000_000)
+    return Timestamp(seconds=whole + carry, nanos=nanos)
 
 
 def readiness(ready: Readiness, *, last_cycle_age_s: float | None) -> pb.Readiness:

@@ -1,0 +1,170 @@
+"""A real gRPC server on 127.0.0.1:0 over a hub that tests publish into directly.
+
+Tests decide exactly which cycles exist (``publish``), so stream semantics can
+be asserted message by message; the real reconcile loop is not involved.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from agent.clock import SystemClock
+from agent.devices import inventory
+from agent.gpus import GpuErrorClass
+from agent.hub import Hub
+from agent.pods import PodRef
+from agent.reports import (
+    AbortReason,
+    CapSource,
+    CycleFailure,
+    CycleFailureKind,
+    CycleReport,
+    GpuResult,
+    Outcome,
+    Reason,
+)
+from server.publication import Publication
+from server.serving import AgentServer
+from server.settings import ServerSettings, server_settings
+
+NODE = "node-under-test"
+UUIDS = tuple(f"GPU-5e5e5e5e-0000-4000-8000-{i:012d}" for i in range(3))
+POD = PodRef(namespace="ml", name="trainer", uid="aaaaaaaa-0000-4000-8000-000000000001")
+
+
+def ok(index: int, watts: int = 350) -> GpuResult:
+    return GpuResult(
+        index=index,
+        uuid=UUIDS[index],
+        outcome=Outcome.ENFORCED,
+        reason=Reason.OK,
+        message=f"capped at {watts} W (annotation)",
+        owners=(POD,),
+        requested_watts=watts,
+        resolved_watts=watts,
+        applied_watts=watts,
+        cap_source=CapSource.ANNOTATION,
+        process_count=1,
+    )
+
+
+def idle(index: int) -> GpuResult:
+    return GpuResult(
+        index=index, uuid=UUIDS[index], outcome=Outcome.IDLE, reason=Reason.IDLE, message="idle"
+    )
+
+
+def failed(index: int, error: GpuErrorClass = GpuErrorClass.NO_PERMISSION) -> GpuResult:
+    return GpuResult(
+        index=index,
+        uuid=UUIDS[index],
+        outcome=Outcome.FAILED,
+        reason=Reason.WRITE_FAILED,
+        message=f"cap write failed: {error.value}",
+        error_class=error,
+        owners=(POD,),
+        requested_watts=350,
+        resolved_watts=350,
+        cap_source=CapSource.ANNOTATION,
+        process_count=1,
+    )
+
+
+@dataclass
+class ServerHarness:
+    hub: Hub
+    publication: Publication
+    server: AgentServer
+    clock: SystemClock = field(default_factory=SystemClock)
+    sequence: int = 0
+
+    @property
+    def target(self) -> str:
+        return next(a for a in self.server.addresses if not a.startswith("unix:"))
+
+    def channel(self, **options: object) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(self.target)
+
+    def publish(
+        self,
+        gpus: Sequence[GpuResult] | None = None,
+        *,
+        abort: AbortReason | None = None,
+        failures: Sequence[CycleFailure] = (),
+    ) -> CycleReport:
+        """Publish the next cycle (default: every GPU enforced)."""
+        self.sequence += 1
+        now_wall, now_mono = self.clock.wall(), self.clock.monotonic()
+        report = CycleReport(
+            sequence=self.sequence,
+            started_wall=now_wall - 0.001,
+            finished_wall=now_wall,
+            started_monotonic=now_mono - 0.001,
+            finished_monotonic=now_mono,
+            gpus=tuple(gpus if gpus is not None else [ok(i) for i in range(len(UUIDS))])
+            if abort is None
+            else (),
+            failures=tuple(failures)
+            or (
+                (CycleFailure(kind=CycleFailureKind.POD_VIEW_NOT_SYNCED, message="x"),)
+                if abort is AbortReason.POD_VIEW_NOT_SYNCED
+                else ()
+            ),
+            abort_reason=abort,
+        )
+        self.hub.publish(report)
+        return report
+
+
+def settings_for(*listen: str, extra: dict[str, object] | None = None) -> ServerSettings:
+    values: dict[str, object] = {
+        "grpc_listen": list(listen) or ["127.0.0.1:0"],
+        "grpc_grace": "0.5",
+    }
+    values.update(extra or {})
+    return server_settings(argparse.Namespace(**values), {})
+
+
+async def start_harness(
+    *,
+    interval_s: float = 0.5,
+    settings: ServerSettings | None = None,
+    capacity: int = 16,
+    tmp_path: Path | None = None,
+) -> ServerHarness:
+    clock = SystemClock()
+    hub = Hub(
+        clock=clock,
+        stale_after_s=3 * interval_s,
+        capacity=capacity,
+        devices=inventory(dict(enumerate(UUIDS)), wall=clock.wall()),
+    )
+    settings = settings or settings_for()
+    publication = Publication(
+        hub=hub,
+        clock=clock,
+        node_name=NODE,
+        interval_s=interval_s,
+        namer=settings.device_namer(),
+        pool_name=settings.dra_pool_name or NODE,
+        max_subscribers=settings.max_subscribers,
+    )
+    server = AgentServer(settings=settings, publication=publication)
+    await server.start()
+    return ServerHarness(hub=hub, publication=publication, server=server, clock=clock)
+
+
+def released(index: int) -> GpuResult:
+    """The owner left and the default limit was restored (a healthy outcome)."""
+    return GpuResult(
+        index=index,
+        uuid=UUIDS[index],
+        outcome=Outcome.RELEASED,
+        reason=Reason.RELEASED,
+        message="default limit restored",
+    )

@@ -1,0 +1,223 @@
+"""Pure domain -> protobuf mappers (server/mapping.py) and the device table they read."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.devices import DeviceHealth, device_health, fold, inventory
+from agent.gpus import GpuErrorClass
+from agent.readiness import Readiness, ReadinessReason
+from agent.reports import (
+    AbortReason,
+    CapSource,
+    ClampDirection,
+    CycleReport,
+    GpuResult,
+    Outcome,
+    Reason,
+    SafeDefaultCause,
+)
+from server import mapping
+from server.gen.capwatch.v1 import node_health_pb2 as pb
+from tests.server.harness import POD, UUIDS, failed, idle, ok
+
+READY = Readiness(ready=True, reason=ReadinessReason.READY, last_good_age_s=0.5)
+STALE = Readiness(ready=False, reason=ReadinessReason.STALE, last_good_age_s=99.0)
+FAILED = Readiness(ready=False, reason=ReadinessReason.CYCLE_FAILED, last_good_age_s=3.0)
+
+
+def report(seq: int, *gpus: GpuResult, wall: float = 1000.0, abort: AbortReason | None = None):
+    return CycleReport(
+        sequence=seq,
+        started_wall=wall - 0.25,
+        finished_wall=wall,
+        started_monotonic=50.0,
+        finished_monotonic=50.25,
+        gpus=gpus,
+        abort_reason=abort,
+    )
+
+
+def namer(index: int, uuid: str | None) -> str:
+    return f"gpu-{index}"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [(0.0, (0, 0)), (1.5, (1, 500_000_000)), (2.9999999999, (3, 0)), (-1.0, (0, 0))],
+)
+def test_duration(seconds: float, expected: tuple[int, int]):
+    """Ages become non-negative Durations with nanos in range."""
+    d = mapping.duration(seconds)
+    assert (d.seconds, d.nanos) == expected
+
+
+def test_timestamp_round_trip():
+    """Wall times become Timestamps without losing sub-second precision."""
+    ts = mapping.timestamp(1_750_000_000.25)
+    assert (ts.seconds, ts.nanos) == (1_750_000_000, 250_000_000)
+
+
+@pytest.mark.parametrize(
+    ("result", "outcome", "health"),
+    [
+        (ok(0), pb.OUTCOME_ENFORCED, pb.DEVICE_HEALTH_HEALTHY),
+        (idle(0), pb.OUTCOME_IDLE, pb.DEVICE_HEALTH_HEALTHY),
+        (failed(0), pb.OUTCOME_FAILED, pb.DEVICE_HEALTH_UNHEALTHY),
+        (
+            GpuResult(
+                index=0,
+                uuid=UUIDS[0],
+                outcome=Outcome.RELEASED,
+                reason=Reason.RELEASED,
+                message="r",
+            ),
+            pb.OUTCOME_RELEASED,
+            pb.DEVICE_HEALTH_HEALTHY,
+        ),
+    ],
+)
+def test_cycle_device_outcome_and_health(result: GpuResult, outcome: int, health: int):
+    """Each outcome maps to its enum and to the health a consumer sees."""
+    message = mapping.cycle(report(1, result), devices={}, namer=namer, ready=READY, age_s=0.1)
+    (device,) = message.devices
+    assert (device.outcome, device.health) == (outcome, health)
+    assert device.reason == result.reason.value
+    assert device.dra_device_name == "gpu-0"
+
+
+def test_cycle_fields():
+    """Every field of a capped GPU reaches the message, optional watts only when known."""
+    capped = GpuResult(
+        index=1,
+        uuid=UUIDS[1],
+        outcome=Outcome.ENFORCED,
+        reason=Reason.OK,
+        message="m",
+        owners=(POD,),
+        requested_watts=5000,
+        resolved_watts=5000,
+        applied_watts=700,
+        cap_source=CapSource.ANNOTATION,
+        clamp=ClampDirection.LOWERED_TO_MAX,
+        process_count=2,
+    )
+    message = mapping.cycle(report(7, capped), devices={}, namer=namer, ready=READY, age_s=0.5)
+    device = message.devices[0]
+    assert (device.requested_watts, device.resolved_watts, device.applied_watts) == (
+        5000,
+        5000,
+        700,
+    )
+    assert device.cap_source == pb.CAP_SOURCE_ANNOTATION
+    assert device.clamp_direction == pb.CLAMP_DIRECTION_LOWERED_TO_MAX
+    assert [(o.namespace, o.name, o.uid) for o in device.owners] == [
+        (POD.namespace, POD.name, POD.uid)
+    ]
+    assert device.process_count == 2
+    assert device.sequence == 7
+    assert message.enforced
+    assert message.abort_reason == pb.ABORT_REASON_NONE
+    assert message.readiness.reason == pb.READINESS_REASON_READY
+    assert message.readiness.last_cycle_age.ToTimedelta().total_seconds() == pytest.approx(0.5)
+    assert message.duration.ToTimedelta().total_seconds() == pytest.approx(0.25)
+
+
+def test_failed_device_carries_error_class_and_no_applied_watts():
+    """A failed write keeps its class and never claims an applied value."""
+    message = mapping.cycle(
+        report(1, failed(0, GpuErrorClass.GPU_IS_LOST)),
+        devices={},
+        namer=namer,
+        ready=FAILED,
+        age_s=0.0,
+    )
+    device = message.devices[0]
+    assert device.error_class == "gpu_is_lost"
+    assert not device.HasField("applied_watts")
+    assert message.failure_summary == "gpu0:write_failed"
+
+
+def test_safe_default_cause_maps():
+    """The reason a safe default was used reaches the consumer."""
+    result = GpuResult(
+        index=0,
+        uuid=UUIDS[0],
+        outcome=Outcome.ENFORCED,
+        reason=Reason.OK,
+        message="m",
+        cap_source=CapSource.SAFE_DEFAULT,
+        safe_default_cause=SafeDefaultCause.DISAGREE,
+        resolved_watts=300,
+        applied_watts=300,
+    )
+    device = mapping.cycle(
+        report(1, result), devices={}, namer=namer, ready=READY, age_s=0
+    ).devices[0]
+    assert device.safe_default_cause == pb.SAFE_DEFAULT_CAUSE_DISAGREE
+    assert not device.HasField("requested_watts")
+
+
+def test_every_domain_enum_member_has_a_mapping():
+    """Adding a domain enum member without a protobuf mapping fails here, not in production."""
+    assert set(mapping.OUTCOME) == set(Outcome)
+    assert set(mapping.CLAMP_DIRECTION) == set(ClampDirection)
+    assert set(mapping.CAP_SOURCE) == {None, *CapSource}
+    assert set(mapping.SAFE_DEFAULT_CAUSE) == {None, *SafeDefaultCause}
+    assert set(mapping.ABORT_REASON) == {None, *AbortReason}
+    assert set(mapping.READINESS_REASON) == set(ReadinessReason)
+    assert set(mapping.DEVICE_HEALTH) == set(DeviceHealth)
+
+
+def test_device_table_transition_moves_only_on_change():
+    """last_transition moves when outcome or reason changes; last_update every cycle."""
+    table = inventory({0: UUIDS[0]}, wall=10.0)
+    table = fold(table, report(1, ok(0, 350), wall=100.0))
+    table = fold(table, report(2, ok(0, 400), wall=200.0))
+    assert (table[0].last_transition_wall, table[0].last_update_wall) == (100.0, 200.0)
+    table = fold(table, report(3, failed(0), wall=300.0))
+    assert table[0].last_transition_wall == 300.0
+    table = fold(table, report(4, wall=400.0))  # a cycle that did not reach GPU 0
+    assert table[0].sequence == 3
+
+
+@pytest.mark.parametrize(
+    ("ready", "abort", "result", "expected"),
+    [
+        (READY, None, ok(0), DeviceHealth.HEALTHY),
+        (FAILED, None, failed(0), DeviceHealth.UNHEALTHY),
+        (STALE, None, ok(0), DeviceHealth.UNKNOWN),
+        (FAILED, AbortReason.POD_VIEW_NOT_SYNCED, ok(0), DeviceHealth.UNKNOWN),
+        (READY, None, None, DeviceHealth.UNKNOWN),
+    ],
+)
+def test_device_health_rule(ready, abort, result, expected):
+    """Health is UNKNOWN when stale, aborted or never reported; else the GPU's last step."""
+    table = inventory({0: UUIDS[0]}, wall=1.0)
+    if result is not None:
+        table = fold(table, report(1, result))
+    latest = report(2, abort=abort) if abort else None
+    assert device_health(table[0], latest=latest, readiness=ready) is expected
+
+
+def test_snapshot_lists_unreported_devices_and_last_cycle():
+    """A snapshot lists every known GPU; one no cycle reached is UNKNOWN/not_reported."""
+    table = fold(inventory(dict(enumerate(UUIDS[:2])), wall=1.0), report(1, ok(0)))
+    message = mapping.snapshot(
+        node_name="n",
+        instance_id="i",
+        interval_s=15,
+        stale_after_s=45,
+        sequence=1,
+        latest=report(1, ok(0)),
+        devices=table,
+        namer=namer,
+        ready=READY,
+        last_cycle_age_s=2.0,
+    )
+    assert [d.index for d in message.devices] == [0, 1]
+    assert message.devices[1].reason == mapping.NOT_REPORTED
+    assert message.devices[1].health == pb.DEVICE_HEALTH_UNKNOWN
+    assert message.last_cycle.sequence == 1
+    assert message.stale_after.seconds == 45
+    assert not message.resync
