@@ -58,18 +58,20 @@ def evaluate(
         return Readiness(
             ready=False, reason=ReadinessReason.NO_CYCLE_YET, last_good_age_s=last_good_age_s
         )
-    if not last_cycle_enforced:
-        return Readiness(
-            ready=False,
-            reason=ReadinessReason.CYCLE_FAILED,
-            last_good_age_s=last_good_age_s,
-            detail=failure_summary,
-        )
+    # Staleness first: a hung agent whose last cycle failed is stale, not merely
+    # failed, and every consumer (device health too) must hear that it is stale.
     if last_cycle_age_s >= stale_after_s:
         return Readiness(
             ready=False,
             reason=ReadinessReason.STALE,
             last_good_age_s=last_good_age_s,
             detail=f"no cycle completed for {last_cycle_age_s:.1f}s (bound {stale_after_s:g}s)",
+        )
+    if not last_cycle_enforced:
+        return Readiness(
+            ready=False,
+            reason=ReadinessReason.CYCLE_FAILED,
+            last_good_age_s=last_good_age_s,
+            detail=failure_summary,
         )
     return Readiness(ready=True, reason=ReadinessReason.READY, last_good_age_s=last_good_age_s)

@@ -48,6 +48,8 @@ def device_message(state: DeviceState, view: View) -> tuple[DeviceHealth, str]:
             health,
             f"capwatch: no enforcement cycle has reported on this GPU yet ({NOT_REPORTED})",
         )
+    # The readiness rule reports staleness before a failed cycle, so a hung
+    # agent's last results expire whatever they were.
     if view.readiness.reason is ReadinessReason.STALE:
         return health, "capwatch: agent has not completed a cycle within its staleness bound"
     if latest is not None and latest.abort_reason is not None:

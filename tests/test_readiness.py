@@ -33,7 +33,7 @@ def report(seq: int, clock: FakeClock, *, ok: bool = True) -> CycleReport:
         (True, 0.0, ReadinessReason.READY, True),
         (True, 44.9, ReadinessReason.READY, True),
         (True, 45.0, ReadinessReason.STALE, False),
-        (False, 100.0, ReadinessReason.CYCLE_FAILED, False),
+        (False, 100.0, ReadinessReason.STALE, False),  # hung after a failure: stale wins
     ],
 )
 def test_rule_table(enforced, age, reason, ready):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc_tools
+import grpc_tools  # type: ignore[import-untyped]
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FileDescriptor
 from google.protobuf.message import Message

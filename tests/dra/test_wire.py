@@ -1,7 +1,11 @@
-"""capwatch's DRA mirrors against an independent copy of the kubelet's API: same shape, same bytes."""
+"""capwatch's DRA mirrors against an independent copy of the kubelet's API.
+
+Same shape (descriptor by descriptor) and same bytes (both ways).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,7 +29,9 @@ def _kubelet_file_proto(api: KubeletApi) -> descriptor_pb2.FileDescriptorProto:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_project_descriptors_match_the_kubelets(kubelet: dict[str, KubeletApi], version: str):
+def test_project_descriptors_match_the_kubelets(
+    kubelet: dict[str, KubeletApi], version: str
+) -> None:
     """Package, service, method, every message's fields (name, number, type, label,
     type name) and every enum value agree with the kubelet's copy, element by element."""
     ours, theirs = shape(PROJECT[version].DESCRIPTOR), shape(kubelet[version].file)
@@ -87,7 +93,9 @@ def _extra_field(proto: descriptor_pb2.FileDescriptorProto) -> None:
 @pytest.mark.parametrize(
     "drift", [_renumber, _retype, _relabel, _rename_value, _unary, _repackage, _extra_field]
 )
-def test_descriptor_comparison_catches_drift(kubelet: dict[str, KubeletApi], drift: Any):
+def test_descriptor_comparison_catches_drift(
+    kubelet: dict[str, KubeletApi], drift: Callable[[descriptor_pb2.FileDescriptorProto], None]
+) -> None:
     """Each kind of drift (field number, type, label, enum value name, streaming,
     package, an extra field) makes the shapes differ, so the comparison can fail."""
     proto = _kubelet_file_proto(kubelet["v1alpha1"])
@@ -97,7 +105,7 @@ def test_descriptor_comparison_catches_drift(kubelet: dict[str, KubeletApi], dri
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_bytes_decode_the_same_both_ways(kubelet: dict[str, KubeletApi], version: str):
+def test_bytes_decode_the_same_both_ways(kubelet: dict[str, KubeletApi], version: str) -> None:
     """A response built with capwatch's classes decodes field for field with the
     kubelet's, and re-encodes to the same bytes (and the other way round)."""
     pb, api = PROJECT[version], kubelet[version]
@@ -137,7 +145,7 @@ def test_bytes_decode_the_same_both_ways(kubelet: dict[str, KubeletApi], version
     assert pb.NodeWatchResourcesRequest.FromString(b"") == pb.NodeWatchResourcesRequest()
 
 
-def test_kubelet_copies_are_independent_of_the_project(kubelet: dict[str, KubeletApi]):
+def test_kubelet_copies_are_independent_of_the_project(kubelet: dict[str, KubeletApi]) -> None:
     """The copies live in their own descriptor pool, not in the default one that
     holds capwatch's generated classes of the same full names."""
     for version, api in kubelet.items():
@@ -147,7 +155,7 @@ def test_kubelet_copies_are_independent_of_the_project(kubelet: dict[str, Kubele
         assert api.response.DESCRIPTOR is not PROJECT[version].NodeWatchResourcesResponse.DESCRIPTOR
 
 
-def test_kubelet_copies_stay_out_of_the_buf_module():
+def test_kubelet_copies_stay_out_of_the_buf_module() -> None:
     """buf lints and breaking-checks only its module paths; the kubelet copies (which
     follow the kubelet's naming, not buf STANDARD) must not fall under any of them."""
     config = yaml.safe_load((ROOT / "buf.yaml").read_text())

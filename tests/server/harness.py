@@ -168,3 +168,22 @@ def released(index: int) -> GpuResult:
         reason=Reason.RELEASED,
         message="default limit restored",
     )
+
+
+async def restart_harness(old: ServerHarness, *, same_instance: bool) -> ServerHarness:
+    """Stop ``old``'s server and serve again on its port, as a client sees an agent restart.
+
+    ``same_instance``: the new hub keeps the agent instance id and every
+    buffered cycle, so sequences continue (as if only the gRPC server had
+    restarted); otherwise it is a new agent instance whose sequences restart.
+    """
+    await old.server.stop()
+    new = await start_harness(
+        interval_s=old.publication.interval_s, settings=settings_for(old.target)
+    )
+    if same_instance:
+        new.hub.instance_id = old.hub.instance_id
+        for report in old.hub.since(0) or ():
+            new.hub.publish(report)
+        new.sequence = old.sequence
+    return new
