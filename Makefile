@@ -5,8 +5,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 FAKENVML := build/fakenvml
+HELM   := build/tools/helm
+CHART  := charts/capwatch
 
-.PHONY: setup demo test lint pytest fakenvml bench clean proto proto-baseline
+.PHONY: setup demo test lint chart pytest fakenvml bench clean proto proto-baseline
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +24,7 @@ demo: setup
 fakenvml: setup
 	$(BIN)/python tests/fakenvml/build.py $(FAKENVML)
 
-lint: setup
+lint: setup chart
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -31,6 +33,17 @@ lint: setup
 	$(BIN)/buf format --diff --exit-code
 	$(BIN)/buf breaking --against buf.baseline.binpb
 	$(BIN)/python scripts/genproto.py --check
+	$(BIN)/hadolint Dockerfile
+
+# The Helm chart, with a real helm v4 (fetched once into build/tools): helm lint
+# on the default values and every ci/ variant. tests/chart (rendering, offline
+# kubernetes-validate, assertions on the rendered objects) runs with pytest.
+chart: setup
+	$(BIN)/python scripts/fetch_helm.py
+	$(HELM) lint --strict $(CHART)
+	for values in $(CHART)/ci/*-values.yaml; do \
+	  $(HELM) lint --strict $(CHART) --values $$values || exit 1; \
+	done
 
 # Regenerate server/gen after editing proto/.
 proto: setup

@@ -164,8 +164,10 @@ class AgentServer:
             raise ServeError(f"cannot listen on unix://{path}")
         self._sockets.append(path)
         if self._settings.socket_group:
+            group = self._settings.socket_group
             try:
-                shutil.chown(path, group=self._settings.socket_group)
+                # A numeric group need not exist in the image's /etc/group.
+                shutil.chown(path, group=int(group) if group.isdigit() else group)
             except (LookupError, OSError) as exc:
                 raise ServeError(
                     f"cannot give {path} to group {self._settings.socket_group}: {exc}"

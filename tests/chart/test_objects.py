@@ -1,0 +1,89 @@
+"""RBAC, ServiceAccount, the headless Service and the optional ServiceMonitor, as rendered."""
+
+from __future__ import annotations
+
+from tests.chart.support import NAMESPACE, Manifests
+
+POD_READ = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_default_objects(default: Manifests) -> None:
+    """Defaults render a ServiceAccount, ClusterRole(+Binding), Service and DaemonSet, no more."""
+    assert default.kinds() == sorted(
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "DaemonSet"]
+    )
+
+
+def test_cluster_role_reads_pods_only(default: Manifests) -> None:
+    """The ClusterRole grants exactly get/list/watch on core pods, bound to the chart's account."""
+    role = default.one("ClusterRole")
+    assert role["rules"] == POD_READ
+    binding = default.one("ClusterRoleBinding")
+    account = default.one("ServiceAccount")["metadata"]["name"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    ]
+    assert default.pod_spec["serviceAccountName"] == account
+
+
+def test_namespaced_rbac_is_a_role_with_the_same_rule(rendered: dict[str, Manifests]) -> None:
+    """rbac.namespaced renders a Role and RoleBinding in the release namespace, no cluster RBAC."""
+    manifests = rendered["namespaced-monitored"]
+    assert not manifests.of_kind("ClusterRole")
+    assert not manifests.of_kind("ClusterRoleBinding")
+    role, binding = manifests.one("Role"), manifests.one("RoleBinding")
+    assert role["rules"] == POD_READ
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"]["kind"] == "Role"
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_no_rbac_object_grants_more_than_pod_reads(rendered: dict[str, Manifests]) -> None:
+    """Across every variant, every (Cluster)Role's rules are exactly pod get/list/watch."""
+    for manifests in rendered.values():
+        roles = manifests.of_kind("Role") + manifests.of_kind("ClusterRole")
+        assert len(roles) == 1
+        assert [role["rules"] for role in roles] == [POD_READ]
+
+
+def test_service_is_headless_over_every_agent(default: Manifests) -> None:
+    """The Service is headless, lists NotReady agents too, selects the pods, names its ports."""
+    service = default.one("Service")
+    spec = service["spec"]
+    assert spec["clusterIP"] == "None"
+    assert spec["publishNotReadyAddresses"] is True
+    pod_labels = default.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"].items() <= pod_labels.items()
+    assert spec["ports"] == [
+        {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP"},
+        {"name": "metrics", "port": 9400, "targetPort": "metrics", "protocol": "TCP"},
+    ]
+
+
+def test_service_monitor_scrapes_the_metrics_port(rendered: dict[str, Manifests]) -> None:
+    """serviceMonitor.enabled renders a ServiceMonitor selecting the Service's metrics port."""
+    manifests = rendered["namespaced-monitored"]
+    monitor = manifests.one("ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    service = manifests.one("Service")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics"
+    assert endpoint["path"] == "/metrics"
+    assert "metrics" in [p["name"] for p in service["spec"]["ports"]]
+
+
+def test_service_monitor_is_off_by_default(rendered: dict[str, Manifests]) -> None:
+    """Without serviceMonitor.enabled no ServiceMonitor renders."""
+    assert not rendered["default"].of_kind("ServiceMonitor")
+    assert not rendered["metrics-off"].of_kind("ServiceMonitor")
