@@ -47,8 +47,10 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.interval is None and scenario.interval_seconds:
         interval = str(scenario.interval_seconds)
         settings = agent_settings(argparse.Namespace(**flags, interval=interval), {})
+    # No metrics endpoint: a demo must start anywhere, and 9400 may be taken.
     serving = server_settings(
-        argparse.Namespace(grpc_listen=args.grpc_listen or [DEFAULT_DEMO_LISTEN]), {}
+        argparse.Namespace(grpc_listen=args.grpc_listen or [DEFAULT_DEMO_LISTEN], metrics_port="0"),
+        {},
     )
     configure_logging(settings.log_level, settings.log_format)
     print(f"capwatch demo: {scenario.description.strip() or scenario.source}")

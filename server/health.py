@@ -25,7 +25,8 @@ async def track_readiness(health: HealthServicer, publication: Publication) -> N
     """Keep the health status in step with readiness until the publication stops."""
     hub = publication.hub
     last: int | None = None
-    while not publication.stopping.is_set():
+    # Released readers make hub.wait return at once: stop rather than spin.
+    while not publication.stopping.is_set() and not hub.readers_released:
         view = publication.view()
         status = (
             health_pb2.HealthCheckResponse.SERVING

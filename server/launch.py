@@ -1,9 +1,10 @@
-"""Run the node agent: the reconcile loop and its gRPC server, started and stopped in order.
+"""Run the node agent: the reconcile loop, its gRPC server and metrics, in order.
 
-Start: assemble the agent, bind every listener (a failure here is fatal
-before any cap is touched), then start the loop. Stop (SIGTERM, SIGINT, or a
-supervised task dying): gRPC health NOT_SERVING, streams ended, server stopped
-with grace, then the loop stopped, owned GPUs restored, NVML closed.
+Start: assemble the agent, bind every listener, gRPC then metrics (a failure
+here is fatal before any cap is touched), then start the loop. Stop (SIGTERM,
+SIGINT, or a supervised task dying): gRPC health NOT_SERVING, streams ended,
+server stopped with grace, then the loop stopped, owned GPUs restored, NVML
+closed, and metrics (still scraped while caps are restored) stopped last.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from agent.assembly import build_agent
 from agent.reports import CycleReport
 from agent.settings import AgentSettings
+from server.exposition import MetricsServer
+from server.metrics import Metrics
 from server.publication import Publication
 from server.serving import AgentServer
 from server.settings import ServerSettings
@@ -46,8 +49,22 @@ async def run_agent(
         max_subscribers=server_settings.max_subscribers,
     )
     server = AgentServer(settings=server_settings, publication=publication, on_fatal=stop.set)
+    metrics = None
+    if server_settings.metrics_port is not None:
+        metrics = MetricsServer(
+            metrics=Metrics(publication=publication),
+            address=server_settings.metrics_address,
+            port=server_settings.metrics_port,
+            on_fatal=stop.set,
+        )
     try:
         await server.start()
+        try:
+            if metrics is not None:
+                await metrics.start()
+        except BaseException:
+            await server.stop()
+            raise
     except BaseException:
         agent.close()
         raise
@@ -65,6 +82,8 @@ async def run_agent(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if metrics is not None:
+            await metrics.stop()
     died = task.done() and not task.cancelled() and task.exception() is not None
     log.info("stopped clean=%s restored=%d", str(summary.clean).lower(), len(summary.restored))
     return EXIT_FAILED if died else EXIT_OK

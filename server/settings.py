@@ -1,4 +1,4 @@
-"""The protocol edge's configuration: gRPC listeners, TLS, DRA naming, limits.
+"""The protocol edge's configuration: gRPC listeners, TLS, DRA naming, limits, metrics.
 
 Built the same way as the agent's settings (agent/flags.py): every flag has an
 environment twin and every value is validated before anything starts.
@@ -7,6 +7,7 @@ environment twin and every value is validated before anything starts.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ DEFAULT_SOCKET = Path("/run/capwatch/agent.sock")
 DEFAULT_LISTEN = (f"unix://{DEFAULT_SOCKET}", "0.0.0.0:50051")
 DEFAULT_DEVICE_NAME = "gpu-{index}"
 MAX_SUBSCRIBERS = 20_000
+DEFAULT_METRICS_PORT = 9400
+# Prometheus scrapes from another pod, so the default is every interface.
+DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # noqa: S104
 
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]*):(?P<port>[0-9]{1,5})")
 _DNS_LABELS = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -52,6 +56,8 @@ class ServerSettings:
     dra_device_name: str  # template with {index} and/or {uuid}
     max_subscribers: int
     grace_s: float  # for in-flight RPCs at shutdown
+    metrics_port: int | None = None  # None: no metrics endpoint (--metrics-port 0)
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
 
     def device_namer(self) -> DeviceNamerTemplate:
         return DeviceNamerTemplate(self.dra_device_name)
@@ -113,6 +119,22 @@ def _grace(flag: str, text: str) -> float:
     if not 0 <= value <= 300:
         raise ConfigError(flag, f"must be between 0 and 300 seconds, got {text!r}")
     return value
+
+
+def _metrics_port(flag: str, text: str) -> int | None:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise ConfigError(flag, f"must be a port from 0 (metrics off) to 65535, got {text!r}")
+    return int(text) or None
+
+
+def _metrics_address(flag: str, text: str) -> str:
+    host = text.removeprefix("[").removesuffix("]")  # "[::]" as well as "::"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if len(host) > 253 or not _DNS_LABELS.fullmatch(host.lower()):
+            raise ConfigError(flag, f"expected an IP address or host name, got {text!r}") from None
+    return host
 
 
 def _group(flag: str, text: str) -> str | None:
@@ -186,6 +208,20 @@ _OPTIONS = (
         convert=_grace,
         help="seconds in-flight RPCs get to finish at shutdown",
     ),
+    Option(
+        flag="--metrics-port",
+        env="CAPWATCH_METRICS_PORT",
+        default=str(DEFAULT_METRICS_PORT),
+        convert=_metrics_port,
+        help="port for Prometheus metrics at /metrics; 0 turns metrics (only) off",
+    ),
+    Option(
+        flag="--metrics-address",
+        env="CAPWATCH_METRICS_ADDRESS",
+        default=DEFAULT_METRICS_ADDRESS,
+        convert=_metrics_address,
+        help="address the metrics endpoint listens on",
+    ),
 )
 
 
@@ -229,4 +265,6 @@ def server_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -
         dra_device_name=values["dra_device_name"],
         max_subscribers=values["grpc_max_subscribers"],
         grace_s=values["grpc_grace"],
+        metrics_port=values["metrics_port"],
+        metrics_address=values["metrics_address"],
     )

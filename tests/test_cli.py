@@ -106,6 +106,7 @@ def test_sigterm_restores_caps_persists_and_exits_0(tmp_path: Path):
         "CAPWATCH_STATE_DIR": str(state),
         "CAPWATCH_GPU_BACKEND": "sim",
         "CAPWATCH_GRPC_LISTEN": f"unix://{tmp_path}/agent.sock,127.0.0.1:0",
+        "CAPWATCH_METRICS_PORT": "0",  # no fixed ports in tests
     }
     proc = subprocess.Popen(
         [*CAPWATCH, "agent", "--interval", "0.05"],

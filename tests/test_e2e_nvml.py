@@ -81,6 +81,7 @@ def test_agent_caps_from_annotations_and_restores_on_sigterm(
             CAPWATCH_INTERVAL="0.1",
             CAPWATCH_SAFE_DEFAULT_WATTS="200",
             CAPWATCH_GRPC_LISTEN="127.0.0.1:0",
+            CAPWATCH_METRICS_PORT="0",  # no fixed ports in tests
         )
         proc = subprocess.Popen(
             [sys.executable, "-m", "server.cli", "agent", "--gpu-backend", "nvml"],

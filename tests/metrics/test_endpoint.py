@@ -1,0 +1,164 @@
+"""The metrics endpoint: flags, serving, `--metrics-port 0`, and a port in use at start."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from server.cli import main
+from server.exposition import MetricsServer
+from server.metrics import Metrics
+from server.settings import server_settings
+from tests.metrics.support import (
+    eventually,
+    http_get,
+    listening_tcp_ports,
+    running_agent,
+    samples,
+    value,
+)
+from tests.server.harness import ServerHarness, start_harness
+
+
+def settings(**flags: str | None) -> tuple[int | None, str]:
+    parsed = server_settings(argparse.Namespace(grpc_listen=["127.0.0.1:0"], **flags), {})
+    return parsed.metrics_port, parsed.metrics_address
+
+
+def test_metrics_flags_default_to_9400_on_every_interface():
+    """Defaults: port 9400 on 0.0.0.0; 0 means off; brackets around IPv6 are accepted."""
+    assert settings() == (9400, "0.0.0.0")
+    assert settings(metrics_port="0") == (None, "0.0.0.0")
+    assert settings(metrics_port="19400", metrics_address="127.0.0.1") == (19400, "127.0.0.1")
+    assert settings(metrics_address="[::1]") == (9400, "::1")
+    assert settings(metrics_address="localhost") == (9400, "localhost")
+
+
+def test_metrics_port_twin_is_read_and_the_flag_wins():
+    """CAPWATCH_METRICS_PORT applies without the flag; the flag overrides it."""
+    ns = argparse.Namespace(grpc_listen=["127.0.0.1:0"])
+    assert server_settings(ns, {"CAPWATCH_METRICS_PORT": "0"}).metrics_port is None
+    ns.metrics_port = "9500"
+    assert server_settings(ns, {"CAPWATCH_METRICS_PORT": "0"}).metrics_port == 9500
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        (["--metrics-port", "http"], {}, "--metrics-port: must be a port from 0"),
+        (["--metrics-port", "65536"], {}, "--metrics-port: must be a port from 0"),
+        (["--metrics-port", "-1"], {}, "--metrics-port: must be a port from 0"),
+        ([], {"CAPWATCH_METRICS_PORT": "x"}, "--metrics-port (from $CAPWATCH_METRICS_PORT)"),
+        (["--metrics-address", "not an address"], {}, "--metrics-address: expected an IP"),
+        (["--metrics-address", ""], {}, "--metrics-address: expected an IP"),
+    ],
+)
+def test_invalid_metrics_flags_exit_2_with_one_line(
+    argv: list[str], env: dict[str, str], expected: str, capsys, tmp_path: Path
+):
+    """A bad metrics port or address is a configuration error naming the flag."""
+    code = main(["agent", "--gpu-backend", "sim", "--state-dir", str(tmp_path), *argv], env)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert expected in err
+
+
+@pytest.mark.asyncio
+async def test_endpoint_serves_the_registry_quietly_and_frees_its_port(capfd):
+    """/metrics answers with the text format and logs no access line; stop frees the port."""
+    harness: ServerHarness = await start_harness()
+    try:
+        metrics = Metrics(publication=harness.publication)
+        server = MetricsServer(metrics=metrics, address="127.0.0.1", port=0)
+        await server.start()
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        harness.publish()
+        await eventually(lambda: metrics.folded_sequence == 1)
+        for _ in range(3):
+            text = await asyncio.to_thread(http_get, url)
+        assert server.address == f"127.0.0.1:{server.port}"
+        assert "# TYPE capwatch_cycles_total counter" in text
+        assert value(samples(text), "capwatch_cycles_total", result="enforced") == 1.0
+        openmetrics = await asyncio.to_thread(
+            http_get, url, accept="application/openmetrics-text; version=1.0.0"
+        )
+        assert openmetrics.endswith("# EOF\n")
+        await server.stop()
+    finally:
+        await harness.server.stop()
+    captured = capfd.readouterr()
+    assert "GET /metrics" not in captured.out + captured.err  # no per-request access log
+    with pytest.raises(urllib.error.URLError):
+        http_get(url, timeout=1)
+
+
+def test_metrics_port_0_serves_nothing_while_agent_and_grpc_run(tmp_path: Path):
+    """With CAPWATCH_METRICS_PORT=0 the agent listens on its gRPC port alone, and works."""
+    with running_agent(tmp_path, env={"CAPWATCH_METRICS_PORT": "0"}) as agent:
+        target = agent.grpc_target
+        agent.wait_for(r"cycle seq=3 ")
+        assert listening_tcp_ports(agent.proc.pid) == {int(target.rsplit(":", 1)[1])}
+        with grpc.insecure_channel(target) as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=5
+            )
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        assert "metrics serving" not in agent.log
+    assert agent.proc.returncode == 0, agent.log
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """main() points the root logger at this test's stderr; put it back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_metrics_port_in_use_is_fatal_at_start(tmp_path: Path, capsys):
+    """A metrics port that cannot be bound stops the start: exit 1, one line, nothing left."""
+    state = tmp_path / "state"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(
+            [
+                "agent",
+                "--gpu-backend",
+                "sim",
+                "--state-dir",
+                str(state),
+                "--grpc-listen",
+                f"unix://{tmp_path}/agent.sock",
+                "--metrics-address",
+                "127.0.0.1",
+                "--metrics-port",
+                str(port),
+            ],
+            {},
+        )
+    assert code == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == (
+        f"capwatch agent: cannot start: cannot serve metrics on 127.0.0.1:{port}: "
+        "Address already in use"
+    )
+    assert not (tmp_path / "agent.sock").exists()  # the gRPC server bound it, then let go
+    record = state / "ownership.json"
+    assert not record.exists() or json.loads(record.read_text())["gpus"] == {}  # no cycle ran
