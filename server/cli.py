@@ -1,4 +1,4 @@
-"""The ``capwatch`` command line: ``agent`` and ``demo``.
+"""The ``capwatch`` command line: ``agent``, ``demo`` and ``watch``.
 
 Configuration errors print one line (``capwatch agent: error: --interval: ...``)
 and exit 2; an agent that cannot start (no GPUs, no NVML) exits 1; a stop by
@@ -21,6 +21,7 @@ from server.demo import add_demo_arguments, run_demo
 from server.launch import run_agent
 from server.logs import configure_logging
 from server.settings import add_server_arguments, server_settings
+from server.watch import add_watch_arguments, run_watch, watch_settings
 
 log = logging.getLogger("capwatch")
 
@@ -44,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="run the agent on simulated GPUs and print every cycle as a table"
     )
     add_demo_arguments(demo)
+    watch = commands.add_parser(
+        "watch", help="follow an agent's health stream: a table per cycle, or JSON lines"
+    )
+    add_watch_arguments(watch)
     return parser
 
 
@@ -58,6 +63,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             serving = server_settings(args, environ)
             configure_logging(settings.log_level, settings.log_format)
             return asyncio.run(run_agent(settings, serving))
+        if args.command == "watch":
+            return run_watch(watch_settings(args, environ))
         return run_demo(args)
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

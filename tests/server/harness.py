@@ -171,13 +171,14 @@ def released(index: int) -> GpuResult:
 
 
 async def restart_harness(old: ServerHarness, *, same_instance: bool) -> ServerHarness:
-    """Stop ``old``'s server and serve again on its port, as a client sees an agent restart.
+    """Stop ``old``'s server (unless stopped) and serve again on its port: an agent restart.
 
     ``same_instance``: the new hub keeps the agent instance id and every
     buffered cycle, so sequences continue (as if only the gRPC server had
     restarted); otherwise it is a new agent instance whose sequences restart.
     """
-    await old.server.stop()
+    if not old.publication.stopping.is_set():
+        await old.server.stop()
     new = await start_harness(
         interval_s=old.publication.interval_s, settings=settings_for(old.target)
     )

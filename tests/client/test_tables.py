@@ -1,0 +1,122 @@
+"""The watch tables, rendered from capwatch.v1 and DRA messages."""
+
+from __future__ import annotations
+
+from server.gen.capwatch.v1 import node_health_pb2 as pb
+from server.gen.v1 import dra_health_pb2 as v1_pb
+from server.tables import render_cycle, render_devices, render_heartbeat, render_snapshot
+
+
+def _rows(text: str) -> list[list[str]]:
+    return [line.split() for line in text.splitlines()[1:]]
+
+
+def test_cycle_table_shows_what_each_gpu_got():
+    """Clamps, safe-default causes, error classes and uid-only owners all reach the row."""
+    cycle = pb.CycleReport(
+        sequence=7,
+        enforced=False,
+        abort_reason=pb.ABORT_REASON_NONE,
+        failures=[pb.CycleFailure(kind="internal_error", message="boom")],
+        readiness=pb.Readiness(
+            ready=False, reason=pb.READINESS_REASON_CYCLE_FAILED, detail="gpu1:write_failed"
+        ),
+        devices=[
+            pb.DeviceStatus(
+                index=0,
+                uuid="GPU-5e5e5e5e-0000-4000-8000-000000000000",
+                health=pb.DEVICE_HEALTH_HEALTHY,
+                outcome=pb.OUTCOME_ENFORCED,
+                reason="ok",
+                owners=[pb.PodRef(namespace="ml", name="a")],
+                requested_watts=900,
+                resolved_watts=900,
+                applied_watts=700,
+                cap_source=pb.CAP_SOURCE_SAFE_DEFAULT,
+                safe_default_cause=pb.SAFE_DEFAULT_CAUSE_DISAGREE,
+                clamp_direction=pb.CLAMP_DIRECTION_LOWERED_TO_MAX,
+            ),
+            pb.DeviceStatus(
+                index=1,
+                uuid="GPU-1",
+                health=pb.DEVICE_HEALTH_UNHEALTHY,
+                outcome=pb.OUTCOME_FAILED,
+                reason="write_failed",
+                error_class="no_permission",
+                owners=[pb.PodRef(uid="0123456789abcdef")],
+            ),
+        ],
+    )
+    text = render_cycle(cycle)
+    head = text.splitlines()[0]
+    assert head.startswith("cycle 7  --:--:--  NOT ENFORCED")
+    assert "NOT READY: cycle_failed (gpu1:write_failed), no good cycle yet" in head
+    assert text.splitlines()[1] == "  ! boom"
+    header, first, second = _rows(text.split("\n", 1)[1])
+    assert header[:4] == ["GPU", "HEALTH", "UUID", "OUTCOME"]
+    assert first == [
+        "0",
+        "healthy",
+        "GPU-…00000000",
+        "enforced",
+        "ok",
+        "ml/a",
+        "900",
+        "900",
+        "700",
+        "W",
+        "(max)",
+        "safe_default/disagree",
+    ]
+    assert second == [
+        "1",
+        "unhealthy",
+        "GPU-1",
+        "failed",
+        "write_failed:no_permission",
+        "uid:01234567",
+        "-",
+        "-",
+        "-",
+        "-",
+    ]
+
+
+def test_snapshot_heartbeat_and_unknown_values():
+    """A snapshot says resync; a heartbeat is one line; enum values from a newer agent show raw."""
+    snapshot = pb.NodeSnapshot(
+        node_name="n1",
+        agent_instance_id="0123456789",
+        sequence=4,
+        resync=True,
+        readiness=pb.Readiness(ready=True, reason=pb.READINESS_REASON_READY),
+        devices=[pb.DeviceStatus(index=0, health=99, reason="not_reported")],  # type: ignore[arg-type]
+    )
+    snapshot.readiness.last_good_cycle_age.FromSeconds(2)
+    text = render_snapshot(snapshot)
+    assert text.splitlines()[0].startswith("snapshot (resync)  node n1  agent 01234567  cycle 4")
+    assert "ready, last good cycle 2.0s ago" in text.splitlines()[0]
+    assert _rows(text)[1][:5] == ["0", "99", "?", "-", "not_reported"]
+    beat = render_heartbeat(pb.Heartbeat(last_sequence=4, readiness=snapshot.readiness))
+    assert beat == "heartbeat  --:--:--  cycle 4  ready, last good cycle 2.0s ago"
+
+
+def test_dra_device_list_table():
+    """Each DRA device is a row: pool, name, health, timeout and the stable message."""
+    response = v1_pb.NodeWatchResourcesResponse(
+        devices=[
+            v1_pb.DeviceHealth(
+                device=v1_pb.DeviceIdentifier(pool_name="n1", device_name="gpu-0"),
+                health=v1_pb.UNHEALTHY,
+                health_check_timeout_seconds=45,
+                message="capwatch: power cap not enforced (write_failed)",
+            )
+        ]
+    )
+    lines = render_devices(response, version="v1").splitlines()
+    assert lines[0] == "DRA v1 device list  1 devices"
+    assert lines[1].split() == ["POOL", "DEVICE", "HEALTH", "UPDATED", "TIMEOUT", "MESSAGE"]
+    row = lines[2].split()
+    assert row[:3] == ["n1", "gpu-0", "unhealthy"]
+    assert row[4] == "45s"
+    assert lines[2].endswith("capwatch: power cap not enforced (write_failed)")
