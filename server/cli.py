@@ -1,4 +1,4 @@
-"""The ``capwatch`` command line: ``agent``, ``demo`` and ``watch``.
+"""The ``capwatch`` command line: ``agent``, ``shim``, ``watch`` and ``demo``.
 
 Configuration errors print one line (``capwatch agent: error: --interval: ...``)
 and exit 2; an agent that cannot start (no GPUs, no NVML) exits 1; a stop by
@@ -21,6 +21,7 @@ from server.demo import add_demo_arguments, run_demo
 from server.launch import run_agent
 from server.logs import configure_logging
 from server.settings import add_server_arguments, server_settings
+from server.shim import add_shim_arguments, main_shim
 from server.watch import add_watch_arguments, run_watch, watch_settings
 
 log = logging.getLogger("capwatch")
@@ -49,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
         "watch", help="follow an agent's health stream: a table per cycle, or JSON lines"
     )
     add_watch_arguments(watch)
+    shim = commands.add_parser(
+        "shim", help="serve GET /readyz for the kubelet from the agent's stream"
+    )
+    add_shim_arguments(shim)
     return parser
 
 
@@ -63,6 +68,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             serving = server_settings(args, environ)
             configure_logging(settings.log_level, settings.log_format)
             return asyncio.run(run_agent(settings, serving))
+        if args.command == "shim":
+            return main_shim(args, environ)
         if args.command == "watch":
             return run_watch(watch_settings(args, environ))
         return run_demo(args)

@@ -142,7 +142,8 @@ _JSON = Option(
     convert=_switch,
     help="print each message as one JSON object per line",
 )
-_OPTIONS = (
+# The agent to connect to, and how: shared with ``capwatch shim``.
+CONNECTION_OPTIONS = (
     Option(
         flag="--target",
         env="CAPWATCH_TARGET",
@@ -150,6 +151,38 @@ _OPTIONS = (
         convert=_target,
         help="the agent: unix:///path or host:port",
     ),
+    Option(
+        flag="--tls-ca",
+        env="CAPWATCH_TLS_CA",
+        default="",
+        convert=optional_path,
+        help="PEM CA bundle to verify a TCP agent's certificate (turns TLS on)",
+    ),
+    Option(
+        flag="--tls-cert",
+        env="CAPWATCH_TLS_CERT",
+        default="",
+        convert=optional_path,
+        help="PEM client certificate for mutual TLS (turns TLS on)",
+    ),
+    Option(
+        flag="--tls-key",
+        env="CAPWATCH_TLS_KEY",
+        default="",
+        convert=optional_path,
+        help="PEM private key for --tls-cert",
+    ),
+    Option(
+        flag="--tls-server-name",
+        env="CAPWATCH_TLS_SERVER_NAME",
+        default="",
+        convert=_server_name,
+        help="name the agent's certificate must carry (default: the target's host)",
+    ),
+)
+
+_OPTIONS = (
+    *CONNECTION_OPTIONS,
     Option(
         flag="--dra",
         env="CAPWATCH_WATCH_DRA",
@@ -185,34 +218,6 @@ _OPTIONS = (
         convert=_gpu,
         repeatable=True,
         help="show only this GPU (index or UUID), repeatable",
-    ),
-    Option(
-        flag="--tls-ca",
-        env="CAPWATCH_TLS_CA",
-        default="",
-        convert=optional_path,
-        help="PEM CA bundle to verify a TCP agent's certificate (turns TLS on)",
-    ),
-    Option(
-        flag="--tls-cert",
-        env="CAPWATCH_TLS_CERT",
-        default="",
-        convert=optional_path,
-        help="PEM client certificate for mutual TLS (turns TLS on)",
-    ),
-    Option(
-        flag="--tls-key",
-        env="CAPWATCH_TLS_KEY",
-        default="",
-        convert=optional_path,
-        help="PEM private key for --tls-cert",
-    ),
-    Option(
-        flag="--tls-server-name",
-        env="CAPWATCH_TLS_SERVER_NAME",
-        default="",
-        convert=_server_name,
-        help="name the agent's certificate must carry (default: the target's host)",
     ),
 )
 
