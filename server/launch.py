@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from agent.assembly import build_agent
+from agent.lifecycle import ShutdownSummary
 from agent.reports import CycleReport
 from agent.settings import AgentSettings
 from server.exposition import MetricsServer
@@ -33,7 +34,8 @@ async def run_agent(
     server_settings: ServerSettings,
     *,
     on_report: Callable[[CycleReport], None] | None = None,
-    on_serving: Callable[[AgentServer], None] | None = None,
+    on_serving: Callable[[AgentServer], Awaitable[None]] | None = None,
+    on_stopped: Callable[[ShutdownSummary], None] | None = None,
     max_cycles: int | None = None,
 ) -> int:
     """Run until stopped; returns the process exit code. Raises CapwatchError at start-up."""
@@ -69,7 +71,14 @@ async def run_agent(
         agent.close()
         raise
     if on_serving is not None:
-        on_serving(server)
+        try:
+            await on_serving(server)  # before the first cycle
+        except BaseException:
+            await server.stop()
+            if metrics is not None:
+                await metrics.stop()
+            agent.close()
+            raise
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -86,4 +95,6 @@ async def run_agent(
             await metrics.stop()
     died = task.done() and not task.cancelled() and task.exception() is not None
     log.info("stopped clean=%s restored=%d", str(summary.clean).lower(), len(summary.restored))
+    if on_stopped is not None:
+        on_stopped(summary)
     return EXIT_FAILED if died else EXIT_OK

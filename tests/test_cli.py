@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -82,20 +83,49 @@ def test_invalid_scenario_names_the_bad_key(tmp_path: Path, capsys):
     assert "bogus" in err
 
 
-def test_demo_prints_each_cycle(tmp_path: Path):
-    """The demo runs the built-in scenario and prints a per-GPU table per cycle."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_demo_tells_the_whole_story(tmp_path: Path):
+    """The demo prints a table per cycle and /readyz going 503 -> 200 -> 503 -> 200
+    as the built-in scenario's write fault comes and goes, then restores caps."""
     proc = subprocess.run(
-        [*CAPWATCH, "demo", "--cycles", "2", "--interval", "0.05", "--grpc-listen", "127.0.0.1:0"],
+        [
+            *CAPWATCH,
+            "demo",
+            "--cycles",
+            "9",
+            "--interval",
+            "0.3",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--readyz-port",
+            str(free_port()),
+            "--metrics-port",
+            str(free_port()),
+        ],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "cycle 1" in proc.stdout
-    assert "cycle 2" in proc.stdout
+    assert "cycle 9" in proc.stdout
     assert "OUTCOME" in proc.stdout
-    assert "enforced" in proc.stdout
+    assert "capwatch watch --target 127.0.0.1:" in proc.stdout
+    assert "/metrics" in proc.stdout
+    answers = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith(">>>")]
+    assert answers == [
+        ">>> /readyz 503",
+        ">>> /readyz 200",
+        ">>> /readyz 503",
+        ">>> /readyz 200",
+    ], proc.stdout
+    assert "cycle-failed: gpu0:write_failed" in proc.stdout
+    assert "stopped: default power limit restored on" in proc.stdout
 
 
 def test_sigterm_restores_caps_persists_and_exits_0(tmp_path: Path):
