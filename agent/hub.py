@@ -57,6 +57,9 @@ class Hub:
         self._clock = clock
         self._stale_after_s = stale_after_s
         self._ring: deque[CycleReport] = deque(maxlen=capacity)
+        # The device table right after each buffered report, so a reader sent a
+        # cycle late (a batch, a resume) still sees that cycle's transition times.
+        self._tables: deque[Mapping[int, DeviceState]] = deque(maxlen=capacity)
         self._state = HubState(
             sequence=0,
             latest=None,
@@ -81,12 +84,14 @@ class Hub:
             last_good = (
                 report.finished_monotonic if report.enforced else self._state.last_good_monotonic
             )
+            devices = MappingProxyType(fold(self._state.devices, report))
             self._ring.append(report)
+            self._tables.append(devices)
             self._state = HubState(
                 sequence=report.sequence,
                 latest=report,
                 last_good_monotonic=last_good,
-                devices=MappingProxyType(fold(self._state.devices, report)),
+                devices=devices,
             )
             self._cond.notify_all()
             loops = list(self._loops.items())
@@ -124,6 +129,16 @@ class Hub:
             if not self._ring or self._ring[0].sequence > sequence + 1:
                 return None
             return tuple(r for r in self._ring if r.sequence > sequence)
+
+    def devices_at(self, sequence: int) -> Mapping[int, DeviceState] | None:
+        """The device table right after cycle ``sequence``; None once it left the ring."""
+        with self._cond:
+            if not self._ring:
+                return None
+            offset = sequence - self._ring[0].sequence
+            if not 0 <= offset < len(self._ring):
+                return None
+            return self._tables[offset]
 
     def wait_sync(self, after_sequence: int, timeout: float) -> bool:
         """Block until a report newer than ``after_sequence`` exists (few readers only)."""

@@ -88,7 +88,8 @@ def _listener(flag: str, text: str) -> Listener:
 def _device_template(flag: str, text: str) -> str:
     try:
         sample = text.format(index=0, uuid="gpu-00000000-0000-0000-0000-000000000000")
-    except (KeyError, IndexError, ValueError) as exc:
+    # {index[0]} and {index.x} fail with TypeError and AttributeError.
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(flag, f"template may use only {{index}} and {{uuid}}: {text!r}") from exc
     if "{index}" not in text and "{uuid}" not in text:
         raise ConfigError(flag, "template must contain {index} or {uuid} to tell GPUs apart")

@@ -48,8 +48,11 @@ class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
     ) -> AsyncIterator[pb.WatchResponse]:
         include = await _filter(request.filter, context)
         heartbeat_s = self._pub.interval_s
-        if request.HasField("heartbeat_interval"):
-            heartbeat_s = request.heartbeat_interval.ToTimedelta().total_seconds()
+        requested = request.heartbeat_interval
+        # Zero, sent or not, means the agent's default (the proto says so; a JSON
+        # client sending "0s" sets the field).
+        if requested.seconds or requested.nanos:
+            heartbeat_s = requested.ToTimedelta().total_seconds()
             if not MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S:
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -113,9 +116,12 @@ class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
                 cursor = report.sequence
 
     def _cycle(self, report: CycleReport, view: View, include: Include) -> pb.CycleReport:
+        # The table right after this cycle gives its transition times, even when
+        # the cycle is sent late (a batch, a resume).
+        devices = self._pub.hub.devices_at(report.sequence)
         return cycle_message(
             report,
-            devices=view.state.devices,
+            devices=view.state.devices if devices is None else devices,
             namer=self._pub.namer,
             ready=view.readiness,
             age_s=view.now_monotonic - report.finished_monotonic,

@@ -7,9 +7,12 @@ be asserted message by message; the real reconcile loop is not involved.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -188,3 +191,37 @@ async def restart_harness(old: ServerHarness, *, same_instance: bool) -> ServerH
             new.hub.publish(report)
         new.sequence = old.sequence
     return new
+
+
+@contextlib.asynccontextmanager
+async def running(
+    *, interval_s: float = 0.5, settings: ServerSettings | None = None, capacity: int = 16
+) -> AsyncIterator[ServerHarness]:
+    """A harness for one ``async with`` block (own settings), stopped when it ends."""
+    started = await start_harness(interval_s=interval_s, settings=settings, capacity=capacity)
+    try:
+        yield started
+    finally:
+        await started.server.stop()
+
+
+async def eventually(
+    condition: Callable[[], Awaitable[bool]], *, timeout: float = 2.0, step: float = 0.01
+) -> None:
+    """Poll ``condition`` until it holds; fail with AssertionError after ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(step)
+
+
+async def next_event(stream: Any, kind: str, *, timeout: float = 2.0) -> Any:
+    """Read a capwatch.v1 Watch stream until a message whose event is ``kind``; return it."""
+    async with asyncio.timeout(timeout):
+        while True:
+            message = await stream.read()
+            if message is grpc.aio.EOF:
+                raise AssertionError(f"stream ended before a {kind} arrived")
+            if message.WhichOneof("event") == kind:
+                return getattr(message, kind)

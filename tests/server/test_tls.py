@@ -1,0 +1,180 @@
+"""TLS and mutual TLS on TCP listeners; the unix socket stays plaintext.
+
+Certificates are made at test time with the openssl command (EC P-256, one
+day): a CA, a server certificate for 127.0.0.1 and localhost, a client
+certificate it signed, and a second CA with a client certificate of its own.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from server.gen.capwatch.v1 import node_health_pb2 as pb
+from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from tests.server.harness import NODE, ServerHarness, running, settings_for
+
+pytestmark = pytest.mark.asyncio
+
+EC = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pki:
+    directory: Path
+
+    def read(self, name: str) -> bytes:
+        return (self.directory / name).read_bytes()
+
+    def path(self, name: str) -> str:
+        return str(self.directory / name)
+
+
+def _openssl(directory: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=30)
+
+
+def _ca(directory: Path, name: str) -> None:
+    _openssl(
+        directory, "req", "-x509", *EC, "-days", "1", "-subj", f"/CN={name}",
+        "-keyout", f"{name}.key", "-out", f"{name}.pem",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    )  # fmt: skip
+
+
+def _leaf(directory: Path, name: str, ca: str, extensions: str) -> None:
+    _openssl(
+        directory, "req", "-new", *EC, "-subj", f"/CN={name}",
+        "-keyout", f"{name}.key", "-out", f"{name}.csr",
+    )  # fmt: skip
+    (directory / f"{name}.ext").write_text(extensions)
+    _openssl(
+        directory, "x509", "-req", "-in", f"{name}.csr", "-days", "1",
+        "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+        "-extfile", f"{name}.ext", "-out", f"{name}.pem",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA with server and client certificates, and a rogue CA with its own client."""
+    if shutil.which("openssl") is None:
+        pytest.fail("the openssl command is needed to make the test certificates")
+    directory = tmp_path_factory.mktemp("pki")
+    _ca(directory, "ca")
+    _ca(directory, "rogue-ca")
+    _leaf(
+        directory,
+        "server",
+        "ca",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    _leaf(directory, "client", "ca", "extendedKeyUsage=clientAuth\n")
+    _leaf(directory, "rogue-client", "rogue-ca", "extendedKeyUsage=clientAuth\n")
+    return Pki(directory=directory)
+
+
+def secure(target: str, pki: Pki, client: str | None = None) -> grpc.aio.Channel:
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=pki.read("ca.pem"),
+        private_key=pki.read(f"{client}.key") if client else None,
+        certificate_chain=pki.read(f"{client}.pem") if client else None,
+    )
+    return grpc.aio.secure_channel(target, credentials)
+
+
+async def snapshot(channel: grpc.aio.Channel) -> pb.NodeSnapshot:
+    response = await pb_grpc.NodeHealthServiceStub(channel).GetSnapshot(
+        pb.GetSnapshotRequest(), timeout=5
+    )
+    return response.snapshot
+
+
+async def refused(channel: grpc.aio.Channel) -> grpc.StatusCode:
+    async with channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await snapshot(channel)
+    return caught.value.code()
+
+
+@pytest_asyncio.fixture
+async def tls_server(pki: Pki, tmp_path: Path) -> AsyncIterator[ServerHarness]:
+    settings = settings_for(
+        f"unix://{tmp_path / 'agent.sock'}",
+        "127.0.0.1:0",
+        extra={"grpc_tls_cert": pki.path("server.pem"), "grpc_tls_key": pki.path("server.key")},
+    )
+    async with running(settings=settings) as harness:
+        yield harness
+
+
+@pytest_asyncio.fixture
+async def mtls_server(pki: Pki, tmp_path: Path) -> AsyncIterator[ServerHarness]:
+    settings = settings_for(
+        f"unix://{tmp_path / 'agent.sock'}",
+        "127.0.0.1:0",
+        extra={
+            "grpc_tls_cert": pki.path("server.pem"),
+            "grpc_tls_key": pki.path("server.key"),
+            "grpc_tls_client_ca": pki.path("ca.pem"),
+        },
+    )
+    async with running(settings=settings) as harness:
+        yield harness
+
+
+async def test_tls_client_trusting_the_ca_is_served(tls_server: ServerHarness, pki: Pki) -> None:
+    """A TLS client with the CA reaches the service over 127.0.0.1, and by name (localhost)."""
+    port = tls_server.target.rsplit(":", 1)[1]
+    for target in (tls_server.target, f"localhost:{port}"):
+        async with secure(target, pki) as channel:
+            assert (await snapshot(channel)).node_name == NODE
+
+
+async def test_plaintext_client_cannot_talk_to_a_tls_listener(
+    tls_server: ServerHarness,
+) -> None:
+    """A plaintext client gets UNAVAILABLE from the TLS listener (no downgrade)."""
+    assert await refused(grpc.aio.insecure_channel(tls_server.target)) == (
+        grpc.StatusCode.UNAVAILABLE
+    )
+
+
+async def test_unix_socket_stays_plaintext_under_tls(tls_server: ServerHarness) -> None:
+    """TLS applies to TCP listeners only: the local socket serves plaintext (modes guard it)."""
+    unix = next(a for a in tls_server.server.addresses if a.startswith("unix:"))
+    async with grpc.aio.insecure_channel(unix) as channel:
+        assert (await snapshot(channel)).node_name == NODE
+
+
+async def test_mutual_tls_serves_a_client_with_a_good_certificate(
+    mtls_server: ServerHarness, pki: Pki
+) -> None:
+    """With --grpc-tls-client-ca, a client presenting a certificate the CA signed is served."""
+    async with secure(mtls_server.target, pki, client="client") as channel:
+        assert (await snapshot(channel)).node_name == NODE
+
+
+@pytest.mark.parametrize("client", [None, "rogue-client"], ids=["no-cert", "other-ca"])
+async def test_mutual_tls_refuses_other_clients(
+    mtls_server: ServerHarness, pki: Pki, client: str | None
+) -> None:
+    """No client certificate, or one signed by another CA: the handshake fails (UNAVAILABLE)."""
+    assert await refused(secure(mtls_server.target, pki, client=client)) == (
+        grpc.StatusCode.UNAVAILABLE
+    )
+
+
+async def test_mutual_tls_keeps_the_unix_socket_plaintext(mtls_server: ServerHarness) -> None:
+    """Mutual TLS does not reach the local socket either: the shim needs no client certificate."""
+    unix = next(a for a in mtls_server.server.addresses if a.startswith("unix:"))
+    async with grpc.aio.insecure_channel(unix) as channel:
+        assert (await snapshot(channel)).node_name == NODE
