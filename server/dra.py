@@ -94,10 +94,7 @@ class _DraServicer:
     async def NodeWatchResources(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        if not self._pub.try_subscribe():
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, "subscriber limit reached or shutting down"
-            )
+        await self._pub.admit(context)
         try:
             hub = self._pub.hub
             view = self._pub.view()

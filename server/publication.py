@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import grpc
 
 from agent.clock import Clock
 from agent.hub import Hub, HubState
@@ -76,6 +79,17 @@ class Publication:
             return False
         self.subscribers += 1
         return True
+
+    async def admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Claim a subscriber slot, or end the call with the status that says why."""
+        if self.try_subscribe():
+            return
+        if self.stopping.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "agent is shutting down")
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"subscriber limit ({self.max_subscribers}) reached",
+        )
 
     def unsubscribe(self) -> None:
         self.subscribers -= 1

@@ -91,8 +91,9 @@ def _device_template(flag: str, text: str) -> str:
     # {index[0]} and {index.x} fail with TypeError and AttributeError.
     except (KeyError, IndexError, ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(flag, f"template may use only {{index}} and {{uuid}}: {text!r}") from exc
-    if "{index}" not in text and "{uuid}" not in text:
-        raise ConfigError(flag, "template must contain {index} or {uuid} to tell GPUs apart")
+    other = text.format(index=1, uuid="gpu-00000000-0000-0000-0000-000000000001")
+    if other == sample:
+        raise ConfigError(flag, "template must use {index} or {uuid} to tell GPUs apart")
     if len(sample) > 63 or not _DNS_LABELS.fullmatch(sample) or "." in sample:
         raise ConfigError(flag, f"{text!r} does not give a DNS label (a DRA device name)")
     return text

@@ -59,15 +59,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
                     f"heartbeat_interval must be between {MIN_HEARTBEAT_S}s and "
                     f"{MAX_HEARTBEAT_S:g}s",
                 )
-        if not self._pub.try_subscribe():
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE
-                if self._pub.stopping.is_set()
-                else grpc.StatusCode.RESOURCE_EXHAUSTED,
-                "agent is shutting down"
-                if self._pub.stopping.is_set()
-                else f"subscriber limit ({self._pub.max_subscribers}) reached",
-            )
+        await self._pub.admit(context)
         try:
             async for message in self._stream(request, include, heartbeat_s):
                 self._pub.messages_sent += 1

@@ -89,7 +89,8 @@ async def test_list_is_resent_within_the_timeout_when_nothing_happens(
         stream = KubeletStream(channel, api, interval_s=interval)
         received = [await stream.read() for _ in range(5)]
     gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(received)]
-    assert all(interval * 0.5 <= gap <= interval + 0.15 for gap in gaps), gaps
+    # Slack for a loaded 2-core CI machine; still far inside the kubelet's timeout.
+    assert all(interval * 0.5 <= gap <= interval + 0.3 for gap in gaps), gaps
     timeout = received[0].response.devices[0].health_check_timeout_seconds
     assert timeout == math.ceil(3 * interval)
     assert max(gaps) < timeout / 2
@@ -130,7 +131,7 @@ async def test_every_gpu_turns_unknown_when_no_cycle_completes_within_the_bound(
         assert stale.health(api) == _all("UNKNOWN")
         assert all(r.health(api) == before for r in seen[:-1])
         age = stale.at - report.finished_monotonic
-        assert bound <= age <= bound + interval + 0.25, age
+        assert bound <= age <= bound + interval + 0.6, age
         assert stale.messages[0] not in fresh.messages
         harness.publish()
         recovered = await stream.read_until(
