@@ -123,13 +123,21 @@ def _grace(flag: str, text: str) -> float:
     return value
 
 
+def listen_port(flag: str, text: str) -> int:
+    """A TCP port from 1 to 65535."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ConfigError(flag, f"must be a port from 1 to 65535, got {text!r}")
+    return int(text)
+
+
 def _metrics_port(flag: str, text: str) -> int | None:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
         raise ConfigError(flag, f"must be a port from 0 (metrics off) to 65535, got {text!r}")
     return int(text) or None
 
 
-def _metrics_address(flag: str, text: str) -> str:
+def listen_address(flag: str, text: str) -> str:
+    """An IP address or host name to listen on (``[::]`` and ``::`` alike)."""
     host = text.removeprefix("[").removesuffix("]")  # "[::]" as well as "::"
     try:
         ipaddress.ip_address(host)
@@ -221,7 +229,7 @@ _OPTIONS = (
         flag="--metrics-address",
         env="CAPWATCH_METRICS_ADDRESS",
         default=DEFAULT_METRICS_ADDRESS,
-        convert=_metrics_address,
+        convert=listen_address,
         help="address the metrics endpoint listens on",
     ),
 )

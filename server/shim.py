@@ -27,6 +27,7 @@ from server.client import NodeHealthClient
 from server.events import Cycle, Disconnected, Heartbeat, Snapshot
 from server.logs import configure_logging
 from server.readyz import Answer, ReadyzServer
+from server.settings import listen_address, listen_port
 from server.stream_readiness import StreamReadiness
 from server.watch import CONNECTION_OPTIONS, client_for, watch_settings
 
@@ -36,31 +37,19 @@ EXIT_OK, EXIT_FAILED = 0, 1
 DEFAULT_PORT = 8081
 
 
-def _port(flag: str, text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise ConfigError(flag, f"must be a port from 1 to 65535, got {text!r}")
-    return int(text)
-
-
-def _address(flag: str, text: str) -> str:
-    if not text or any(c.isspace() for c in text):
-        raise ConfigError(flag, f"not an address: {text!r}")
-    return text
-
-
 _OPTIONS = (
     Option(
         flag="--readyz-port",
         env="CAPWATCH_READYZ_PORT",
         default=str(DEFAULT_PORT),
-        convert=_port,
+        convert=listen_port,
         help="port serving GET /readyz (the chart pins 8081)",
     ),
     Option(
         flag="--readyz-address",
         env="CAPWATCH_READYZ_ADDRESS",
         default="0.0.0.0",  # noqa: S104 - the kubelet probes the pod IP
-        convert=_address,
+        convert=listen_address,
         help="address serving GET /readyz",
     ),
     Option(
