@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.clock import Clock, SystemClock
-from agent.errors import ConfigError
+from agent.errors import CapwatchError
 from agent.flags import Option, add_options, enum_choice, read_options
 from agent.settings import LogFormat
 from server.client import NodeHealthClient
@@ -34,6 +34,12 @@ from server.watch import CONNECTION_OPTIONS, client_for, watch_settings
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED = 0, 1
+
+
+class ShimError(CapwatchError):
+    """The shim cannot start (its port is taken)."""
+
+
 DEFAULT_PORT = 8081
 
 
@@ -123,13 +129,17 @@ class Shim:
 
 async def run_shim(client: NodeHealthClient, settings: ShimSettings) -> int:
     shim = Shim(client=client, settings=settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         await shim.http.start()
     except OSError as exc:
-        raise ConfigError(
-            "--readyz-port",
-            f"cannot serve /readyz on {settings.readyz_address}:{settings.readyz_port}: "
-            f"{exc.strerror or exc}",
+        # Like the agent's ports: exit 1 ("cannot start"), not a configuration error.
+        raise ShimError(
+            f"--readyz-port: cannot serve /readyz on "
+            f"{settings.readyz_address}:{settings.readyz_port}: {exc.strerror or exc}"
         ) from exc
     log.info(
         "serving /readyz address=%s port=%d target=%s",
@@ -137,10 +147,6 @@ async def run_shim(client: NodeHealthClient, settings: ShimSettings) -> int:
         shim.http.port,
         client.target,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     follower = asyncio.create_task(shim.follow(), name="capwatch-shim-stream")
     follower.add_done_callback(lambda _: stop.set())  # supervised: its end ends the shim
     await stop.wait()

@@ -106,7 +106,8 @@ def test_socket_directory_is_a_shared_empty_dir(default: Manifests) -> None:
     }
     agent, shim = default.container("agent"), default.container("readyz")
     assert f"--grpc-listen={SOCKET}" in agent["args"]
-    assert shim["args"] == ["shim", "--target", SOCKET]
+    assert shim["args"][:3] == ["shim", "--target", SOCKET]
+    assert "--log-format=json" in shim["args"]  # one log format across the pod
 
 
 def test_state_directory_is_a_host_path(default: Manifests) -> None:

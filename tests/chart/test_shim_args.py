@@ -1,0 +1,39 @@
+"""The rendered readyz container's command line, as the real ``capwatch shim`` reads it."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.cli import _parser  # the real `capwatch` parser: what the image will accept
+from server.settings import server_settings
+from server.shim import shim_settings
+from server.watch import watch_settings
+from tests.chart.support import Manifests, ports
+
+
+@pytest.mark.parametrize("variant", ["default", "namespaced-monitored", "metrics-off"])
+def test_rendered_shim_args_parse_into_the_probed_port_and_the_agents_socket(
+    rendered: dict[str, Manifests], variant: str
+) -> None:
+    """The readyz container's args and env parse through `capwatch shim`: it serves the
+    probed port on every address and follows a unix socket the agent listens on."""
+    manifests = rendered[variant]
+    shim, agent = manifests.container("readyz"), manifests.container("agent")
+    assert shim["command"] == ["capwatch"]
+    namespace = _parser().parse_args(shim["args"])
+    assert namespace.command == "shim"
+    env = {e["name"]: e.get("value", "") for e in shim.get("env", [])}
+    settings = shim_settings(namespace, env)
+    # As main_shim reads the connection options.
+    connection = watch_settings(
+        namespace, {k: v for k, v in env.items() if not k.startswith("CAPWATCH_WATCH_")}
+    )
+    assert settings.readyz_port == shim["readinessProbe"]["httpGet"]["port"] == 8081
+    assert settings.readyz_port == ports(shim)["readyz"]
+    assert settings.readyz_address == "0.0.0.0"  # the kubelet probes the pod IP
+    assert not connection.tls
+    assert connection.target.startswith("unix:///")
+    agent_namespace = _parser().parse_args(agent["args"])
+    agent_env = {e["name"]: e.get("value", "") for e in agent["env"]}
+    listeners = server_settings(agent_namespace, agent_env).listeners
+    assert connection.target in [listener.address for listener in listeners]
