@@ -109,3 +109,28 @@ async def test_slow_head_times_out_and_huge_head_is_refused():
         assert (await request(server.port, huge))[0] == 400
     finally:
         await server.stop()
+
+
+async def test_a_burst_of_real_clients_is_served_in_full():
+    """100 clients arriving at once with complete requests all get their answer: the
+    eviction meant for silent clients must not drop a burst of honest ones."""
+    server = await started(Answer(status=200, body="ok\n"))
+    try:
+        results = await asyncio.gather(*(request(server.port, get("/readyz")) for _ in range(100)))
+    finally:
+        await server.stop()
+    assert [status for status, _ in results] == [200] * 100
+    assert server.evicted == 0
+
+
+async def test_stop_ends_open_connections_quietly(caplog: pytest.LogCaptureFixture):
+    """Stopping with connections still open closes them without an error logged."""
+    server = await started(Answer(status=200, body="ok\n"))
+    idle = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(10)]
+    await asyncio.sleep(0.05)
+    caplog.set_level(logging.DEBUG)
+    await server.stop()
+    for reader, writer in idle:
+        assert await asyncio.wait_for(reader.read(), 2) == b""
+        writer.close()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
