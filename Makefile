@@ -8,7 +8,7 @@ FAKENVML := build/fakenvml
 HELM   := build/tools/helm
 CHART  := charts/capwatch
 
-.PHONY: setup demo test lint chart pytest fakenvml bench clean proto proto-baseline
+.PHONY: setup demo test lint chart pytest fakenvml bench bench-stream clean proto proto-baseline
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,8 +63,15 @@ pytest: setup fakenvml
 # The full suite: static checks, then every test.
 test: lint pytest
 
+# Benchmarks print figures for reading (bench/README.md); they assert nothing.
 bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cycle.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/readyz.py
+
+# The gRPC stream alone (about a minute: spawns servers and 1,000-stream clients).
+bench-stream: setup
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py
 
 clean:
 	rm -rf build $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -110,7 +110,7 @@ class AgentLoop:
         started_wall, started_mono = self._clock.wall(), self._clock.monotonic()
         sequence_before = self._reconciler.sequence
         try:
-            report = await asyncio.wrap_future(self._thread.submit(self._reconciler.reconcile_once))
+            report = await asyncio.wrap_future(self._thread.submit(self._reconcile_and_publish))
         except Exception as exc:
             log.exception("cycle raised; reporting it as failed")
             sequence = self._reconciler.sequence
@@ -123,10 +123,17 @@ class AgentLoop:
                 clock=self._clock,
                 exc=exc,
             )
-        self._hub.publish(report)
+            self._hub.publish(report)
         _log_report(report)
         if self._on_report is not None:
             self._on_report(report)
+        return report
+
+    def _reconcile_and_publish(self) -> CycleReport:
+        # Published from the cycle thread: a busy event loop (thousands of
+        # streams being served) must not delay the cycle's publication.
+        report = self._reconciler.reconcile_once()
+        self._hub.publish(report)
         return report
 
 

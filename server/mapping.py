@@ -6,6 +6,7 @@ so each mapper is a function of its arguments and is table-tested.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 
@@ -107,6 +108,23 @@ def gpu_result(
     last_update_wall: float,
     last_transition_wall: float,
 ) -> pb.DeviceStatus:
+    message = pb.DeviceStatus()
+    message.CopyFrom(_settled(result, dra_device_name, health, last_transition_wall))
+    message.sequence = sequence
+    message.last_update_time.CopyFrom(timestamp(last_update_wall))
+    return message
+
+
+@functools.lru_cache(maxsize=4096)
+def _settled(
+    result: GpuResult, dra_device_name: str, health: DeviceHealth, last_transition_wall: float
+) -> pb.DeviceStatus:
+    """Everything about a GPU's step but what moves every cycle (sequence, update time).
+
+    A GPU usually reports the same result cycle after cycle; building its
+    message once and copying it costs a fraction of building it each time.
+    Callers copy the cached message and never hand it out.
+    """
     message = pb.DeviceStatus(
         index=result.index,
         uuid=result.uuid or "",
@@ -121,9 +139,7 @@ def gpu_result(
         safe_default_cause=SAFE_DEFAULT_CAUSE[result.safe_default_cause],
         clamp_direction=CLAMP_DIRECTION[result.clamp],
         last_transition_time=timestamp(last_transition_wall),
-        last_update_time=timestamp(last_update_wall),
         process_count=result.process_count,
-        sequence=sequence,
     )
     if result.requested_watts is not None:
         message.requested_watts = result.requested_watts
@@ -173,50 +189,41 @@ def cycle(
     include: Callable[[int, str | None], bool] = lambda index, uuid: True,
 ) -> pb.CycleReport:
     """One cycle; its devices carry their transition times from the device table."""
-    statuses = []
-    for result in report.gpus:
-        if not include(result.index, result.uuid):
-            continue
-        state = devices.get(result.index)
-        transition = (
-            state.last_transition_wall
-            if state is not None and state.sequence == report.sequence
-            else report.finished_wall
-        )
-        statuses.append(
-            gpu_result(
-                result,
-                dra_device_name=namer(result.index, result.uuid),
-                health=device_health(
-                    DeviceState(
-                        index=result.index,
-                        uuid=result.uuid,
-                        result=result,
-                        sequence=report.sequence,
-                        last_update_wall=report.finished_wall,
-                        last_transition_wall=transition,
-                    ),
-                    latest=report,
-                    readiness=ready,
-                ),
-                sequence=report.sequence,
-                last_update_wall=report.finished_wall,
-                last_transition_wall=transition,
-            )
-        )
-    return pb.CycleReport(
+    finished = timestamp(report.finished_wall)
+    message = pb.CycleReport(
         sequence=report.sequence,
         started=timestamp(report.started_wall),
-        finished=timestamp(report.finished_wall),
+        finished=finished,
         duration=duration(report.duration_s),
         enforced=report.enforced,
         abort_reason=ABORT_REASON[report.abort_reason],
         failures=[pb.CycleFailure(kind=f.kind.value, message=f.message) for f in report.failures],
-        devices=statuses,
         readiness=readiness(ready, last_cycle_age_s=age_s),
         interrupted=report.interrupted,
         failure_summary=report.failure_summary,
     )
+    for result in report.gpus:
+        if not include(result.index, result.uuid):
+            continue
+        state = devices.get(result.index)
+        if state is None or state.sequence != report.sequence:
+            # No table of this cycle's moment: its own finish is the best transition time.
+            state = DeviceState(
+                index=result.index,
+                uuid=result.uuid,
+                result=result,
+                sequence=report.sequence,
+                last_update_wall=report.finished_wall,
+                last_transition_wall=report.finished_wall,
+            )
+        health = device_health(state, latest=report, readiness=ready)
+        device = message.devices.add()
+        device.CopyFrom(
+            _settled(result, namer(result.index, result.uuid), health, state.last_transition_wall)
+        )
+        device.sequence = report.sequence
+        device.last_update_time.CopyFrom(finished)
+    return message
 
 
 def snapshot(

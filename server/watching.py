@@ -10,15 +10,17 @@ receives a fresh snapshot marked ``resync``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import grpc
 
+from agent.devices import DeviceState
 from agent.reports import CycleReport
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from server.mapping import cycle as cycle_message
 from server.mapping import heartbeat as heartbeat_message
+from server.mapping import readiness as readiness_message
 from server.publication import Publication, View
 
 log = logging.getLogger(__name__)
@@ -27,13 +29,26 @@ MIN_HEARTBEAT_S = 0.05
 MAX_HEARTBEAT_S = 3600.0
 MAX_FILTER_UUIDS = 256
 MAX_UUID_LENGTH = 128
+MAPPED_CYCLES = 8  # cycles kept mapped for unfiltered streams (most read only the latest)
 
 Include = Callable[[int, str | None], bool]
+
+
+def _everything(index: int, uuid: str | None) -> bool:
+    return True
 
 
 class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
     def __init__(self, publication: Publication) -> None:
         self._pub = publication
+        # Mapping a cycle costs about as much as sending it; every unfiltered
+        # subscriber gets the same one, so it is mapped once per cycle, not per
+        # subscriber. Key: the report and the readiness verdict; the value also
+        # keeps the report and device table it was mapped against, by identity.
+        self._mapped: dict[
+            tuple[int, bool, str, str],
+            tuple[CycleReport, Mapping[int, DeviceState], pb.CycleReport],
+        ] = {}
 
     async def GetSnapshot(
         self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext[object, object]
@@ -84,7 +99,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
                 )
             else:
                 for report in missed:
-                    yield pb.WatchResponse(cycle=self._cycle(report, view, include))
+                    yield self._cycle(report, view, include)
                 cursor = missed[-1].sequence if missed else request.since_sequence
                 if not missed:
                     yield pb.WatchResponse(heartbeat=self._heartbeat(view))
@@ -104,21 +119,45 @@ class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
                 cursor = view.state.sequence
                 continue
             for report in reports:
-                yield pb.WatchResponse(cycle=self._cycle(report, view, include))
+                yield self._cycle(report, view, include)
                 cursor = report.sequence
 
-    def _cycle(self, report: CycleReport, view: View, include: Include) -> pb.CycleReport:
+    def _cycle(self, report: CycleReport, view: View, include: Include) -> pb.WatchResponse:
         # The table right after this cycle gives its transition times, even when
         # the cycle is sent late (a batch, a resume).
         devices = self._pub.hub.devices_at(report.sequence)
-        return cycle_message(
-            report,
-            devices=view.state.devices if devices is None else devices,
-            namer=self._pub.namer,
-            ready=view.readiness,
-            age_s=view.now_monotonic - report.finished_monotonic,
-            include=include,
-        )
+        if devices is None:
+            devices = view.state.devices
+        age_s = view.now_monotonic - report.finished_monotonic
+        ready = view.readiness
+        if include is not _everything:
+            return pb.WatchResponse(
+                cycle=cycle_message(
+                    report,
+                    devices=devices,
+                    namer=self._pub.namer,
+                    ready=ready,
+                    age_s=age_s,
+                    include=include,
+                )
+            )
+        # A cycle message is a function of the report, the device table and the
+        # readiness verdict, except for the readiness ages, measured at send time.
+        key = (report.sequence, ready.ready, ready.reason.value, ready.detail)
+        hit = self._mapped.get(key)
+        if hit is None or hit[0] is not report or hit[1] is not devices:
+            mapped = cycle_message(
+                report, devices=devices, namer=self._pub.namer, ready=ready, age_s=age_s
+            )
+            self._mapped.pop(key, None)
+            self._mapped[key] = (report, devices, mapped)
+            if len(self._mapped) > MAPPED_CYCLES:
+                del self._mapped[next(iter(self._mapped))]
+            hit = self._mapped[key]
+        response = pb.WatchResponse()
+        response.cycle.CopyFrom(hit[2])  # the cached message itself is never handed out
+        response.cycle.readiness.CopyFrom(readiness_message(ready, last_cycle_age_s=age_s))
+        return response
 
     def _heartbeat(self, view: View) -> pb.Heartbeat:
         return heartbeat_message(
@@ -141,7 +180,7 @@ async def _filter(
             f"filter.uuids: at most {MAX_FILTER_UUIDS} UUIDs of at most {MAX_UUID_LENGTH} chars",
         )
     if not indexes and not uuids:
-        return lambda index, uuid: True
+        return _everything
 
     def include(index: int, uuid: str | None) -> bool:
         return index in indexes or (uuid is not None and uuid.lower() in uuids)

@@ -1,0 +1,490 @@
+"""The processes bench/stream.py runs: servers and clients, each spawned on its own.
+
+A :class:`Child` is driven one command at a time over a pipe; in the child,
+the command names a coroutine method of a :class:`ServerSide` (a capwatch or a
+bare grpc.aio server, and what publishes into it) or a :class:`ClientSide`
+(Watch streams over channels of their own), run on that process's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agent.clock import SystemClock
+from agent.devices import inventory
+from agent.hub import Hub
+from agent.pods import PodInfo, PodRef
+from agent.reports import CapSource, CycleReport, GpuResult, Outcome, Reason
+from agent.running import AgentLoop, CycleThread
+from server import mapping
+from server.gen.capwatch.v1 import node_health_pb2 as pb
+from server.publication import Publication
+from server.serving import OPTIONS, AgentServer
+from tests.server.harness import settings_for
+
+GPUS = 8
+CAPACITY = 256  # the hub's default ring
+INTERVAL_S = 15.0  # the agent's default: no heartbeat fires during a measurement
+WATCH = "/capwatch.v1.NodeHealthService/Watch"
+# A subchannel pool per channel: each channel is a connection of its own.
+CLIENT_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
+UUIDS = tuple(f"GPU-5e5e5e5e-0000-4000-8000-{i:012d}" for i in range(GPUS))
+AGENT_UUIDS = tuple(f"GPU-bbbbbbbb-0000-4000-8000-{i:012d}" for i in range(GPUS))  # cycle.py's
+POD = PodRef(namespace="ml", name="trainer", uid="aaaaaaaa-0000-4000-8000-000000000001")
+RESULTS = tuple(
+    GpuResult(
+        index=i,
+        uuid=UUIDS[i],
+        outcome=Outcome.ENFORCED,
+        reason=Reason.OK,
+        message="capped at 350 W (annotation)",
+        owners=(POD,),
+        requested_watts=350,
+        resolved_watts=350,
+        applied_watts=350,
+        cap_source=CapSource.ANNOTATION,
+        process_count=1,
+    )
+    for i in range(GPUS)
+)
+
+
+def rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def spread(total: int, parts: int) -> list[int]:
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+class ServerSide:
+    """Lives in a server process: one server, and what drives it."""
+
+    def __init__(self) -> None:
+        self.clock = SystemClock()
+        self.server: grpc.aio.Server | AgentServer | None = None
+        self.hub: Hub | None = None
+        self.pub: Publication | None = None
+        self.agent_loop: AgentLoop | None = None
+        self.sequence = 0
+        self.flooding: asyncio.Task[None] | None = None
+        # The bare server's state: the message it sends, and who waits for it.
+        self.bare_message = pb.WatchResponse()
+        self.bare_payload = b""
+        self.bare_event: asyncio.Event | None = None
+        self.bare_sent = self.bare_streams = 0
+        self.tmp = tempfile.TemporaryDirectory(prefix="capwatch-bench-")
+
+    async def start(self, kind: str) -> str:
+        """Start capwatch's server over a "hub" the bench publishes into, or over the
+        real "agent" loop; or a bare grpc.aio one, "bare-loop" or "bare-broadcast"."""
+        if kind.startswith("bare"):
+            return await self._start_bare(forever=kind == "bare-loop")
+        self.hub = Hub(
+            clock=self.clock,
+            stale_after_s=3 * INTERVAL_S,
+            capacity=CAPACITY,
+            devices=inventory(
+                dict(enumerate(AGENT_UUIDS if kind == "agent" else UUIDS)),
+                wall=self.clock.wall(),
+            ),
+        )
+        if kind == "agent":
+            self.agent_loop = self._agent_loop(self.hub)
+        settings = settings_for("127.0.0.1:0")
+        self.pub = self._publication(self.hub, settings.max_subscribers)
+        server = AgentServer(settings=settings, publication=self.pub)
+        await server.start()
+        self.server = server
+        return server.addresses[0]
+
+    def _publication(self, hub: Hub, max_subscribers: int) -> Publication:
+        return Publication(
+            hub=hub,
+            clock=self.clock,
+            node_name="bench-node",
+            interval_s=INTERVAL_S,
+            namer=settings_for().device_namer(),
+            pool_name="bench-node",
+            max_subscribers=max_subscribers,
+        )
+
+    def _agent_loop(self, hub: Hub) -> AgentLoop:
+        # bench/cycle.py's node (8 GPUs, 110 pods, 64 processes), pods in memory.
+        from bench.cycle import PODS, annotations, build_world, pod_uid, reconciler_for
+        from tests.fakes.pods import StaticPodView
+
+        root = Path(self.tmp.name)
+        world = build_world(root / "proc")
+        pods = StaticPodView(
+            PodInfo(
+                ref=PodRef(namespace="bench", name=f"p{i}", uid=pod_uid(i)),
+                annotations=annotations(i),
+            )
+            for i in range(PODS)
+        )
+        return AgentLoop(
+            reconciler=reconciler_for(world, pods, root / "proc", root / "state"),
+            hub=hub,
+            clock=self.clock,
+            interval_s=INTERVAL_S,
+            cycle_thread=CycleThread(),
+        )
+
+    async def _start_bare(self, *, forever: bool) -> str:
+        self.bare_message = self.payload()
+        self.bare_payload = self.bare_message.SerializeToString()
+        self.bare_event = asyncio.Event()
+        opening = pb.WatchResponse(snapshot=pb.NodeSnapshot(node_name="x")).SerializeToString()
+
+        async def watch(request: pb.WatchRequest, context: object) -> Any:
+            if forever:  # the same bytes, as fast as grpc takes them
+                payload = self.bare_payload
+                while True:
+                    yield payload
+            # The least a broadcast can do: wait for the next message, send shared bytes.
+            self.bare_streams += 1
+            try:
+                yield opening
+                seen = self.sequence
+                while True:
+                    while self.sequence == seen:
+                        assert self.bare_event is not None
+                        await self.bare_event.wait()
+                    seen = self.sequence
+                    self.bare_sent += 1
+                    yield self.bare_payload
+            finally:
+                self.bare_streams -= 1
+
+        handler = grpc.method_handlers_generic_handler(
+            "capwatch.v1.NodeHealthService",
+            {
+                "Watch": grpc.unary_stream_rpc_method_handler(
+                    watch, request_deserializer=pb.WatchRequest.FromString
+                )
+            },
+        )
+        server = grpc.aio.server(options=OPTIONS)  # capwatch's own server options
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        self.server = server
+        return f"127.0.0.1:{port}"
+
+    def payload(self) -> pb.WatchResponse:
+        """A cycle message exactly as Watch maps one of the bench's reports."""
+        hub = Hub(clock=self.clock, stale_after_s=3 * INTERVAL_S)
+        pub = self._publication(hub, 1)
+        report = self._report(1)
+        hub.publish(report)
+        view = pub.view()
+        cycle = mapping.cycle(
+            report,
+            devices=view.state.devices,
+            namer=pub.namer,
+            ready=view.readiness,
+            age_s=view.now_monotonic - report.finished_monotonic,
+        )
+        return pb.WatchResponse(cycle=cycle)
+
+    def _report(self, sequence: int) -> CycleReport:
+        wall, mono = self.clock.wall(), self.clock.monotonic()
+        return CycleReport(
+            sequence=sequence,
+            started_wall=wall - 0.001,
+            finished_wall=wall,
+            started_monotonic=mono - 0.001,
+            finished_monotonic=mono,
+            gpus=RESULTS,
+        )
+
+    def _publish(self) -> None:
+        self.sequence += 1
+        if self.hub is not None:
+            self.hub.publish(self._report(self.sequence))
+            return
+        # Bare: one new message, serialized once, the same bytes for every stream.
+        assert self.bare_event is not None
+        self.bare_message.cycle.sequence = self.sequence
+        self.bare_message.cycle.finished.FromNanoseconds(time.time_ns())
+        self.bare_payload = self.bare_message.SerializeToString()
+        self.bare_event.set()
+        self.bare_event = asyncio.Event()
+
+    @property
+    def sent(self) -> int:
+        return self.bare_sent if self.pub is None else self.pub.messages_sent
+
+    @property
+    def subscribers(self) -> int:
+        return self.bare_streams if self.pub is None else self.pub.subscribers
+
+    async def publish(self, count: int, interval_s: float) -> list[float]:
+        """Publish ``count`` cycles, one every ``interval_s`` on an absolute schedule.
+
+        Returns, per cycle, the seconds until every subscriber's message had
+        been handed to grpc (polled each millisecond, at most the interval).
+        """
+        start = time.monotonic()
+        hand_off = []
+        for i in range(count):
+            await asyncio.sleep(max(0.0, start + i * interval_s - time.monotonic()))
+            target = self.sent + self.subscribers
+            published = time.monotonic()
+            self._publish()
+            while self.sent < target and time.monotonic() - published < interval_s:  # noqa: ASYNC110
+                await asyncio.sleep(0.001)  # polling is the measurement
+            hand_off.append(time.monotonic() - published)
+        return hand_off
+
+    async def flood_start(self) -> None:
+        self.flooding = asyncio.create_task(self._flood())
+
+    async def flood_stop(self) -> None:
+        assert self.flooding is not None
+        self.flooding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.flooding
+
+    async def _flood(self) -> None:
+        # Keep 64-128 cycles ahead of what the stream has sent: it never waits
+        # for a cycle, and never falls behind the ring (which would resync it).
+        assert self.pub is not None
+        while self.pub.subscribers < 1 or self.pub.messages_sent < 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)  # the client connects once, within a second
+        sent_before, published = self.pub.messages_sent, 0
+        while True:
+            if published - (self.pub.messages_sent - sent_before) < 64:
+                for _ in range(64):
+                    self._publish()
+                published += 64
+            await asyncio.sleep(0.0005)
+
+    async def cycles(self, count: int, interval_s: float) -> tuple[list[float], list[float]]:
+        """Real cycles: (seconds from submit until the hub published the report, seconds
+        until the event loop had it back) each. The cycle thread publishes; the loop's
+        part (logging) comes after and delays nothing the cycle does."""
+        assert self.agent_loop is not None
+        assert self.hub is not None
+        published_at: list[float] = []
+        publish = self.hub.publish
+
+        def timed(report: CycleReport) -> None:
+            publish(report)
+            published_at.append(time.perf_counter())
+
+        self.hub.publish = timed  # type: ignore[method-assign]
+        cycle, returned = [], []
+        try:
+            for _ in range(count):
+                start = time.perf_counter()
+                report = await self.agent_loop.cycle_once()
+                returned.append(time.perf_counter() - start)
+                cycle.append(published_at[-1] - start)
+                assert report.enforced, report.failure_summary
+                await asyncio.sleep(interval_s)
+        finally:
+            self.hub.publish = publish  # type: ignore[method-assign]
+        return cycle, returned
+
+    async def stats(self) -> dict[str, float]:
+        gc.collect()
+        await asyncio.sleep(0.2)  # let closed streams finish unwinding
+        gc.collect()
+        return {
+            "subscribers": self.subscribers,
+            "messages_sent": self.sent,
+            "rss_kib": rss_kib(),
+            "cpu_s": time.process_time(),
+        }
+
+    async def stop(self) -> None:
+        if self.flooding is not None:
+            self.flooding.cancel()
+        if isinstance(self.server, AgentServer):
+            await self.server.stop()
+        elif self.server is not None:
+            await self.server.stop(0.5)
+        self.tmp.cleanup()
+
+
+class ClientSide:
+    """Lives in a client process: Watch streams over channels of their own."""
+
+    def __init__(self) -> None:
+        self.channels: list[grpc.aio.Channel] = []
+        self.calls: list[Any] = []
+        self.readers: list[asyncio.Task[None]] = []
+        self.latencies: list[list[float]] = []
+        self.snapshots = 0
+
+    def _watch(self, channel: grpc.aio.Channel, parse: Callable[[bytes], Any]) -> Any:
+        return channel.unary_stream(
+            WATCH, request_serializer=pb.WatchRequest.SerializeToString, response_deserializer=parse
+        )(pb.WatchRequest())
+
+    async def throughput(self, target: str, warmup_s: float, measure_s: float) -> dict[str, float]:
+        """Cycle messages received per second after a warm-up: one loop for any server."""
+        size = [0]
+
+        def parse(data: bytes) -> pb.WatchResponse:
+            size[0] += len(data)
+            return pb.WatchResponse.FromString(data)
+
+        cycles = others = 0
+        first: tuple[int, int, float, float] | None = None
+        async with grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS) as channel:
+            call = self._watch(channel, parse)
+            mark = time.perf_counter() + warmup_s
+            async with asyncio.timeout(warmup_s + measure_s + 20):
+                async for message in call:
+                    if message.WhichOneof("event") == "cycle":
+                        cycles += 1
+                    else:
+                        others += 1
+                    now = time.perf_counter()
+                    if first is None and now >= mark:
+                        first = (cycles, size[0], now, time.process_time())
+                    elif first is not None and now >= first[2] + measure_s:
+                        break
+            call.cancel()
+        assert first is not None
+        count, seconds = cycles - first[0], now - first[2]
+        return {
+            "per_s": count / seconds,
+            "bytes": (size[0] - first[1]) / count,
+            "non_cycle": others,
+            "cpu": (time.process_time() - first[3]) / seconds,
+        }
+
+    async def open(self, target: str, streams: int, channels: int, reading: bool) -> int:
+        """Open Watch streams; reading ones record each cycle's publish->receive seconds."""
+        new = [grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS) for _ in range(channels)]
+        self.channels += new
+        parse = pb.WatchResponse.FromString
+        calls = [self._watch(new[i % channels], parse) for i in range(streams)]
+        self.calls += calls
+        async with asyncio.timeout(60):
+            if not reading:  # headers come with the snapshot, which is left unread
+                await asyncio.gather(*(call.initial_metadata() for call in calls))
+                return len(calls)
+            before = self.snapshots
+            for call in calls:
+                samples: list[float] = []
+                self.latencies.append(samples)
+                self.readers.append(asyncio.create_task(self._read(call, samples)))
+            while self.snapshots - before < streams:  # noqa: ASYNC110 - a few polls, once
+                await asyncio.sleep(0.01)
+        return len(calls)
+
+    async def _read(self, call: Any, samples: list[float]) -> None:
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            async for message in call:
+                received = time.time()  # the publisher's clock: same machine, same wall clock
+                if message.WhichOneof("event") == "cycle":
+                    finished = message.cycle.finished
+                    samples.append(received - finished.seconds - finished.nanos / 1e9)
+                else:
+                    self.snapshots += 1
+
+    async def collect(self, cycles: int, timeout_s: float) -> tuple[list[float], int]:
+        """Every latency so far (waiting for ``cycles`` per stream), and short streams."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(len(s) < cycles for s in self.latencies):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        short = sum(len(s) < cycles for s in self.latencies)
+        return [x for s in self.latencies for x in s], short
+
+    async def close(self) -> None:
+        for call in self.calls:
+            call.cancel()
+        for task in self.readers:
+            task.cancel()
+        await asyncio.gather(*self.readers, return_exceptions=True)
+        await asyncio.gather(*(channel.close() for channel in self.channels))
+        self.channels, self.calls, self.readers, self.latencies = [], [], [], []
+
+    async def stop(self) -> None:
+        await self.close()
+
+
+async def _serve(conn: Connection, side: ServerSide | ClientSide) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            command, *args = await loop.run_in_executor(None, conn.recv)
+        except EOFError:  # the parent went away
+            command, args = "stop", []
+        try:
+            conn.send(("ok", await getattr(side, command)(*args)))
+        except Exception:  # noqa: BLE001 - handed to the parent, which raises it
+            with contextlib.suppress(OSError):
+                conn.send(("error", traceback.format_exc()))
+        if command == "stop":
+            return
+
+
+def child_main(conn: Connection, role: str) -> None:
+    asyncio.run(_serve(conn, ServerSide() if role == "server" else ClientSide()))
+
+
+class Child:
+    """A spawned server or client process, driven one command at a time."""
+
+    def __init__(self, role: str, name: str) -> None:
+        context = multiprocessing.get_context("spawn")  # grpc does not survive a fork
+        self.conn, theirs = context.Pipe()
+        self.name = name
+        self.process = context.Process(
+            target=child_main, args=(theirs, role), name=name, daemon=True
+        )
+        self.process.start()
+        theirs.close()
+
+    def send(self, command: str, *args: object) -> None:
+        self.conn.send((command, *args))
+
+    def result(self, command: str, timeout_s: float = 60.0) -> Any:
+        if not self.conn.poll(timeout_s):
+            raise TimeoutError(f"{self.name}: {command} took over {timeout_s:g}s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"{self.name}: {command} failed:\n{value}")
+        return value
+
+    def call(self, command: str, *args: object, timeout_s: float = 60.0) -> Any:
+        self.send(command, *args)
+        return self.result(command, timeout_s)
+
+    def freeze(self, frozen: bool) -> None:
+        """SIGSTOP or SIGCONT: a frozen client reads nothing, not even at the TCP level."""
+        os.kill(self.process.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+    def close(self) -> None:
+        """Stop it cleanly if it answers within 10 s; kill it otherwise."""
+        with contextlib.suppress(OSError):
+            self.freeze(False)
+        with contextlib.suppress(Exception):
+            self.call("stop", timeout_s=10)
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
