@@ -38,7 +38,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 def pki(tmp_path: Path) -> Pki:
     """A CA, a server certificate for agent.test and a client certificate, all P-256."""
     if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is needed to make test certificates")
+        pytest.fail("the openssl command is needed to make test certificates (.ci/run installs it)")
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
     _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
              "-subj", "/CN=test-ca", cwd=tmp_path)  # fmt: skip
