@@ -29,6 +29,12 @@ MIN_HEARTBEAT_S = 0.05
 MAX_HEARTBEAT_S = 3600.0
 MAX_FILTER_UUIDS = 256
 MAX_UUID_LENGTH = 128
+# The default heartbeat comes 1.5 intervals after a stream's last message: a
+# heartbeat timed at exactly one interval would fire, for every subscriber at
+# once, just as the next cycle lands (the loop sleeps one interval between
+# cycles). Cycles themselves show the agent alive; heartbeats fill the silence
+# when a cycle hangs.
+DEFAULT_HEARTBEAT_FACTOR = 1.5
 MAPPED_CYCLES = 8  # cycles kept mapped for unfiltered streams (most read only the latest)
 
 Include = Callable[[int, str | None], bool]
@@ -62,7 +68,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> AsyncIterator[pb.WatchResponse]:
         include = await _filter(request.filter, context)
-        heartbeat_s = self._pub.interval_s
+        heartbeat_s = DEFAULT_HEARTBEAT_FACTOR * self._pub.interval_s
         requested = request.heartbeat_interval
         # Zero, sent or not, means the agent's default (the proto says so; a JSON
         # client sending "0s" sets the field).

@@ -238,13 +238,16 @@ async def test_heartbeats_arrive_between_cycles_and_carry_readiness(
 
 
 @pytest.mark.parametrize("requested", [None, Duration()], ids=["absent", "explicit-zero"])
-async def test_no_heartbeat_interval_means_the_agent_interval(requested: Duration | None) -> None:
-    """Absent or zero heartbeat_interval (proto: 0 = the default) beats at the agent's interval."""
+async def test_no_heartbeat_interval_means_the_agent_default(requested: Duration | None) -> None:
+    """Absent or zero heartbeat_interval (proto: 0 = the default) beats at 1.5 x the agent's
+    interval: after a quiet 0.15 s, not at once and not at the cycle interval."""
     async with running(interval_s=0.1) as harness, harness.channel() as channel:
         request = {} if requested is None else {"heartbeat_interval": requested}
         stream = watch(channel, **request)
         await next_event(stream, "snapshot")
+        quiet_since = time.monotonic()
         beat = await next_event(stream, "heartbeat", timeout=1.0)
+        assert 0.13 <= time.monotonic() - quiet_since < 1.0
         assert beat.last_sequence == 0
         stream.cancel()
 

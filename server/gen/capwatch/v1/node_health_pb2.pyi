@@ -215,7 +215,9 @@ class WatchRequest(_message.Message):
     def filter(self) -> Global___DeviceFilter: ...
     @_builtins.property
     def heartbeat_interval(self) -> _duration_pb2.Duration:
-        """Heartbeat period; 0 means the agent's default (its cycle interval)."""
+        """Heartbeat period; 0 means the agent's default (1.5 x its cycle interval,
+        so heartbeats fill a silence without landing on every cycle).
+        """
 
     def __init__(
         self,
