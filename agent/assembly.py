@@ -177,6 +177,7 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
         view = KubernetesPodView(
             node_name=settings.node_name,
             api_client=api,
+            namespace=settings.pod_namespace,
             clock=clock,
             stale_after=settings.interval_s,
             # A server that keeps the connection open but stops sending is only

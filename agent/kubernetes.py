@@ -13,7 +13,7 @@ are gone, so they can never own a GPU, and dropping them would only add a rule.
 
 Requests ask the client for the raw urllib3 response (``_preload_content=False``)
 rather than its pydantic models: the watch is streamed line by line and the JSON
-is turned into :class:`PodInfo` right at the boundary (:func:`_pod_info`), so
+is turned into :class:`PodInfo` right at the boundary (:func:`agent.kubewire.pod_info`), so
 the only untyped values are the decoded JSON mappings.
 """
 
@@ -25,7 +25,6 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, cast
@@ -37,7 +36,8 @@ import urllib3.exceptions
 
 from agent.clock import Clock
 from agent.errors import ConfigError, PodViewError
-from agent.pods import PodInfo, PodRef, PodSnapshot
+from agent.kubewire import as_mapping, pod_info, shutdown_response, stream_lines
+from agent.pods import PodInfo, PodSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class KubernetesPodView:
         *,
         node_name: str,
         api_client: kubernetes.client.ApiClient,
+        namespace: str | None = None,
         clock: Clock,
         stale_after: float,
         backoff_initial: float = 0.2,
@@ -142,6 +143,8 @@ class KubernetesPodView:
         self._close_timeout = close_timeout
         self._rng = rng or random.Random()
         self._selector = f"spec.nodeName={node_name}"
+        # None: every namespace (a ClusterRole); a name: that one (a namespaced Role).
+        self._namespace = namespace
 
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -180,7 +183,7 @@ class KubernetesPodView:
             self._stop.set()
             response = self._active_response
         if response is not None:
-            _shutdown_response(response)
+            shutdown_response(response)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(self._close_timeout)
@@ -297,6 +300,12 @@ class KubernetesPodView:
         with self._lock:
             self._down_since = None
 
+    def _request_pods(self, **kwargs: Any) -> Any:
+        """The pods LIST (or WATCH) request, cluster-wide or in one namespace."""
+        if self._namespace is None:
+            return self._api.list_pod_for_all_namespaces(**kwargs)
+        return self._api.list_namespaced_pod(self._namespace, **kwargs)
+
     # -- list -------------------------------------------------------------------
 
     def _list(self) -> None:
@@ -312,7 +321,7 @@ class KubernetesPodView:
             # response (not the annotated V1PodList): we decode the JSON ourselves.
             response = cast(
                 urllib3.HTTPResponse,
-                self._api.list_pod_for_all_namespaces(
+                self._request_pods(
                     field_selector=self._selector,
                     limit=self._page_size,
                     _preload_content=False,
@@ -322,10 +331,10 @@ class KubernetesPodView:
             )
             body = self._read_json(response)
             for item in body.get("items") or []:
-                info = _pod_info(_mapping(item))
+                info = pod_info(as_mapping(item))
                 if info is not None:
                     pods[info.ref.uid] = info
-            metadata = _mapping(body.get("metadata"))
+            metadata = as_mapping(body.get("metadata"))
             token = str(metadata.get("continue") or "")
             if not token:
                 break
@@ -370,7 +379,7 @@ class KubernetesPodView:
         try:
             response = cast(
                 urllib3.HTTPResponse,
-                self._api.list_pod_for_all_namespaces(
+                self._request_pods(
                     field_selector=self._selector,
                     watch=True,
                     allow_watch_bookmarks=True,
@@ -399,7 +408,7 @@ class KubernetesPodView:
             return
         self._mark_up()
         try:
-            for line in _lines(response):
+            for line in stream_lines(response):
                 if self._stop.is_set():
                     return
                 self._apply(line)
@@ -416,62 +425,28 @@ class KubernetesPodView:
         if not isinstance(event, dict):
             raise ValueError(f"watch event is not an object: {line[:200]!r}")
         kind = event.get("type")
-        obj = _mapping(event.get("object"))
+        obj = as_mapping(event.get("object"))
         if kind == "ERROR":
             code = obj.get("code")
             message = f"{obj.get('reason', '')}: {obj.get('message', '')}"
             if code == _GONE:
                 raise _Gone(f"ERROR event 410 {message}")
             raise _WatchError(f"ERROR event code={code} {message}")
-        resource_version = str(_mapping(obj.get("metadata")).get("resourceVersion") or "")
+        resource_version = str(as_mapping(obj.get("metadata")).get("resourceVersion") or "")
         with self._lock:
             self._watch_events += 1
             if resource_version:
                 self._resource_version = resource_version
             if kind in ("ADDED", "MODIFIED"):
-                info = _pod_info(obj)
+                info = pod_info(obj)
                 if info is not None:
                     self._pods[info.ref.uid] = info
             elif kind == "DELETED":
-                uid = str(_mapping(obj.get("metadata")).get("uid") or "")
+                uid = str(as_mapping(obj.get("metadata")).get("uid") or "")
                 self._pods.pop(uid, None)
             elif kind != "BOOKMARK":
                 logger.warning("ignoring watch event node=%s type=%s", self._node, kind)
             self._published = None
-
-
-def _lines(response: urllib3.HTTPResponse) -> Iterator[str]:
-    """Newline-delimited records of a streamed response, as they arrive."""
-    buffer = b""
-    for chunk in response.stream(amt=None, decode_content=False):
-        buffer += bytes(chunk)
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            if line.strip():
-                yield line.decode("utf-8", errors="replace")
-
-
-def _shutdown_response(response: urllib3.HTTPResponse) -> None:
-    """Unblock a thread reading ``response``: shut the socket's read side."""
-    try:
-        response.shutdown()
-    except (OSError, ValueError, RuntimeError, AttributeError):
-        logger.debug("watch response already closed")
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _pod_info(obj: Mapping[str, Any]) -> PodInfo | None:
-    """A pod's JSON as the agent sees it; None (and a warning) if it lacks identity."""
-    metadata = _mapping(obj.get("metadata"))
-    uid, name, namespace = (str(metadata.get(k) or "") for k in ("uid", "name", "namespace"))
-    if not (uid and name and namespace):
-        logger.warning("skipping pod without identity metadata=%r", dict(metadata))
-        return None
-    annotations = {str(k): str(v) for k, v in _mapping(metadata.get("annotations")).items()}
-    return PodInfo(ref=PodRef(namespace=namespace, name=name, uid=uid), annotations=annotations)
 
 
 def _retry_after_seconds(err: kubernetes.client.ApiException) -> float | None:

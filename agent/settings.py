@@ -61,6 +61,7 @@ class AgentSettings:
     state_dir: Path
     proc_root: Path
     kubeconfig: Path | None
+    pod_namespace: str | None  # None: pods in every namespace
     shutdown_grace_s: float
     log_level: str
     log_format: LogFormat
@@ -91,6 +92,14 @@ def _node_name(flag: str, text: str) -> str | None:
         return None
     if len(text) > 253 or not _DNS_SUBDOMAIN.fullmatch(text):
         raise ConfigError(flag, f"not a valid Kubernetes node name: {text!r}")
+    return text
+
+
+def _namespace(flag: str, text: str) -> str | None:
+    if not text:
+        return None
+    if len(text) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", text):
+        raise ConfigError(flag, f"not a valid namespace name: {text!r}")
     return text
 
 
@@ -175,6 +184,13 @@ _OPTIONS = (
         help="kubeconfig for running outside a cluster (in-cluster config otherwise)",
     ),
     Option(
+        flag="--pod-namespace",
+        env="CAPWATCH_POD_NAMESPACE",
+        default="",
+        convert=_namespace,
+        help="watch pods in this namespace only (a namespaced Role); default: every namespace",
+    ),
+    Option(
         flag="--shutdown-grace",
         env="CAPWATCH_SHUTDOWN_GRACE",
         default="20",
@@ -216,6 +232,7 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         state_dir=values["state_dir"],
         proc_root=values["proc_root"],
         kubeconfig=values["kubeconfig"],
+        pod_namespace=values["pod_namespace"],
         shutdown_grace_s=values["shutdown_grace"],
         log_level=values["log_level"],
         log_format=values["log_format"],

@@ -40,6 +40,7 @@ CAPWATCH = [sys.executable, "-m", "server.cli"]
         (["--gpu-backend", "sim", "--scenario", "/nonexistent.yaml"], {}, "--scenario:"),
         (["--node-name", "n1", "--scenario", "x.yaml"], {}, "--scenario: only meaningful"),
         (["--log-level", "loud"], {}, "--log-level: must be one of"),
+        (["--pod-namespace", "GPU_Jobs"], {}, "--pod-namespace: not a valid namespace name"),
         (
             ["--gpu-backend", "sim", "--state-dir", "/proc/capwatch"],
             {},

@@ -30,9 +30,10 @@ def test_notes_say_how_to_check_rollout_stream_and_metrics(helm: Helm) -> None:
 
 
 def test_notes_follow_the_values(helm: Helm) -> None:
-    """Metrics off says so; namespaced RBAC warns that today's agent cannot work with it."""
+    """Metrics off says so; namespaced RBAC says the agent watches one namespace only."""
     off = _notes(helm, "--set", "metrics.port=0")
     assert "Metrics are disabled" in off
     assert "/metrics" not in off
     namespaced = _notes(helm, "--set", "rbac.namespaced=true")
-    assert "WARNING: rbac.namespaced is true" in namespaced
+    assert "watches pods in" in namespaced
+    assert "safe default" in namespaced

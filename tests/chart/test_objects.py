@@ -42,6 +42,17 @@ def test_namespaced_rbac_is_a_role_with_the_same_rule(rendered: dict[str, Manife
     assert binding["metadata"]["namespace"] == NAMESPACE
     assert binding["roleRef"]["kind"] == "Role"
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    # ...and the agent watches that namespace only, which is all a Role allows.
+    (daemonset,) = manifests.of_kind("DaemonSet")
+    (agent,) = [
+        c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "agent"
+    ]
+    assert f"--pod-namespace={NAMESPACE}" in agent["args"]
+    assert not any(
+        a.startswith("--pod-namespace")
+        for c in rendered["default"].one("DaemonSet")["spec"]["template"]["spec"]["containers"]
+        for a in c.get("args", [])
+    )
 
 
 def test_no_rbac_object_grants_more_than_pod_reads(rendered: dict[str, Manifests]) -> None:

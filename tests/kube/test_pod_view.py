@@ -211,3 +211,22 @@ def test_steady_state_many_events_make_no_list(
     assert kube_apiserver.count("list") == 1
     assert kube_apiserver.count("watch") == 1
     assert view.stats().list_requests == 1
+
+
+def test_a_namespaced_view_lists_and_watches_one_namespace_only(
+    kube_apiserver: FakeKubeApiServer, make_view: ViewFactory
+) -> None:
+    """With a namespace (a namespaced Role), LIST and WATCH use that namespace's path:
+    pods of this node in other namespaces never appear, before or after the list."""
+    kube_apiserver.add_pod("gpu-jobs", "a", node=NODE)
+    kube_apiserver.add_pod("elsewhere", "b", node=NODE)
+    view = make_view(namespace="gpu-jobs")
+    wait_until(lambda: is_synced(view), what="sync")
+    assert names(view) == {"gpu-jobs/a"}
+    wait_watching(kube_apiserver, view)
+    kube_apiserver.add_pod("gpu-jobs", "c", node=NODE)
+    kube_apiserver.add_pod("elsewhere", "d", node=NODE)
+    wait_until(lambda: "gpu-jobs/c" in names(view), what="the watched pod")
+    assert names(view) == {"gpu-jobs/a", "gpu-jobs/c"}
+    paths = {record.path for record in kube_apiserver.requests()}
+    assert paths == {"/api/v1/namespaces/gpu-jobs/pods"}
