@@ -128,6 +128,13 @@ class Hub:
                 return ()
             if not self._ring or self._ring[0].sequence > sequence + 1:
                 return None
+            # Sequences in the ring are consecutive, so the reader's position is
+            # found by arithmetic: a reader that is up to date pays O(1), not a
+            # scan of the whole ring, on every wake.
+            start = sequence + 1 - self._ring[0].sequence
+            if 0 <= start < len(self._ring) and self._ring[start].sequence == sequence + 1:
+                # Indexed from the right: near the end of a deque that is O(1).
+                return tuple(self._ring[i] for i in range(start - len(self._ring), 0))
             return tuple(r for r in self._ring if r.sequence > sequence)
 
     def devices_at(self, sequence: int) -> Mapping[int, DeviceState] | None:
