@@ -38,7 +38,3 @@ class PodViewError(CapwatchError):
 
 class OwnershipError(CapwatchError):
     """The ownership record cannot be read or written."""
-
-
-class ShutdownRequested(CapwatchError):
-    """Raised inside a cycle's internals when the agent is stopping."""

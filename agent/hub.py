@@ -1,6 +1,6 @@
 """The in-process hub the loop publishes every CycleReport into.
 
-Readers (the gRPC streams, the demo's printer, tests) never block the
+Readers (the gRPC streams, metrics, the readiness tracker) never block the
 publisher: ``publish`` appends to a bounded ring buffer and wakes waiters with
 one O(1) operation whatever their number. A reader that falls further behind
 than the ring holds is told so (``since`` returns None) and resyncs from the
@@ -67,7 +67,7 @@ class Hub:
             devices=MappingProxyType(dict(devices or {})),
         )
         self._readers_released = False
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._loops: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
 
     @property
@@ -80,7 +80,7 @@ class Hub:
 
     def publish(self, report: CycleReport) -> None:
         """Record a completed cycle and wake readers. O(1) in the number of readers."""
-        with self._cond:
+        with self._lock:
             last_good = (
                 report.finished_monotonic if report.enforced else self._state.last_good_monotonic
             )
@@ -93,17 +93,16 @@ class Hub:
                 last_good_monotonic=last_good,
                 devices=devices,
             )
-            self._cond.notify_all()
             loops = list(self._loops.items())
         for loop, event in loops:
             try:
                 loop.call_soon_threadsafe(event.set)
             except RuntimeError:  # that loop closed; forget it
-                with self._cond:
+                with self._lock:
                     self._loops.pop(loop, None)
 
     def state(self) -> HubState:
-        with self._cond:
+        with self._lock:
             return self._state
 
     def readiness(self, state: HubState | None = None) -> Readiness:
@@ -123,7 +122,7 @@ class Hub:
 
     def since(self, sequence: int) -> tuple[CycleReport, ...] | None:
         """Reports after ``sequence``, oldest first; None when some are gone (resync)."""
-        with self._cond:
+        with self._lock:
             if sequence >= self._state.sequence:
                 return ()
             if not self._ring or self._ring[0].sequence > sequence + 1:
@@ -139,7 +138,7 @@ class Hub:
 
     def devices_at(self, sequence: int) -> Mapping[int, DeviceState] | None:
         """The device table right after cycle ``sequence``; None once it left the ring."""
-        with self._cond:
+        with self._lock:
             if not self._ring:
                 return None
             offset = sequence - self._ring[0].sequence
@@ -147,14 +146,9 @@ class Hub:
                 return None
             return self._tables[offset]
 
-    def wait_sync(self, after_sequence: int, timeout: float) -> bool:
-        """Block until a report newer than ``after_sequence`` exists (few readers only)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._state.sequence > after_sequence, timeout)
-
     def release_readers(self) -> None:
         """Make every current and future :meth:`wait` return at once (server shutdown)."""
-        with self._cond:
+        with self._lock:
             self._readers_released = True
             loops = list(self._loops.items())
         for loop, event in loops:
@@ -169,7 +163,7 @@ class Hub:
         """Await a report newer than ``after_sequence``; False on timeout or release."""
         loop = asyncio.get_running_loop()
         while True:
-            with self._cond:
+            with self._lock:
                 if self._state.sequence > after_sequence:
                     return True
                 if self._readers_released:

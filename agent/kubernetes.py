@@ -222,15 +222,6 @@ class KubernetesPodView:
                 watch_events=self._watch_events,
             )
 
-    @property
-    def synced(self) -> bool:
-        """Whether ``snapshot()`` would succeed now."""
-        try:
-            self.snapshot()
-        except PodViewError:
-            return False
-        return True
-
     # -- the loop ---------------------------------------------------------------
 
     def _run(self) -> None:

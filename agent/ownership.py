@@ -54,7 +54,6 @@ class OwnershipStore:
     """Thread-safe in-memory ownership with atomic, retried persistence."""
 
     def __init__(self, state_dir: Path, *, clock: Clock) -> None:
-        self._dir = state_dir
         self._path = state_dir / FILE_NAME
         self._clock = clock
         self._lock = threading.Lock()

@@ -103,19 +103,11 @@ class Reconciler:
         """The sequence number of the cycle started last (0 before any)."""
         return self._sequence
 
-    @property
-    def device_count(self) -> int:
-        return self._device_count
-
     def request_shutdown(self) -> None:
         """Make the running (and any later) cycle stop at its next GPU boundary."""
         self._shutdown.set()
         for listener in self._listeners:
             listener.interrupt()
-
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutdown.is_set()
 
     def next_sequence(self) -> int:
         self._sequence += 1

@@ -44,17 +44,12 @@ class CycleThread:
             queue.SimpleQueue()
         )
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self._busy = threading.Event()
         self._thread.start()
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         future: Future[T] = Future()
         self._jobs.put((fn, future))  # type: ignore[arg-type]
         return future
-
-    @property
-    def busy(self) -> bool:
-        return self._busy.is_set()
 
     def close(self) -> None:
         """Let the thread end after its current job (it is a daemon if that job hangs)."""
@@ -65,13 +60,10 @@ class CycleThread:
             fn, future = job
             if not future.set_running_or_notify_cancel():
                 continue
-            self._busy.set()
             try:
                 future.set_result(fn())
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
                 future.set_exception(exc)
-            finally:
-                self._busy.clear()
 
 
 class AgentLoop:

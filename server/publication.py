@@ -73,16 +73,10 @@ class Publication:
             now_wall=self.clock.wall(),
         )
 
-    def try_subscribe(self) -> bool:
-        """Claim a subscriber slot; False when the limit is reached or the server stops."""
-        if self.stopping.is_set() or self.subscribers >= self.max_subscribers:
-            return False
-        self.subscribers += 1
-        return True
-
     async def admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """Claim a subscriber slot, or end the call with the status that says why."""
-        if self.try_subscribe():
+        if not self.stopping.is_set() and self.subscribers < self.max_subscribers:
+            self.subscribers += 1
             return
         if self.stopping.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "agent is shutting down")

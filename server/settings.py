@@ -73,14 +73,21 @@ class DeviceNamerTemplate:
         return self.template.format(index=index, uuid=(uuid or f"unknown-{index}").lower())
 
 
+def host_port(text: str) -> tuple[str, int] | None:
+    """``host:port`` (host may be ``[v6]`` or empty) split, or None if it is not one."""
+    match = _HOST_PORT.fullmatch(text)
+    if match is None or int(match["port"]) > 65535:
+        return None
+    return match["host"], int(match["port"])
+
+
 def _listener(flag: str, text: str) -> Listener:
     if text.startswith("unix://"):
         path = Path(text.removeprefix("unix://"))
         if not path.is_absolute():
             raise ConfigError(flag, f"unix socket path must be absolute: {text!r}")
         return Listener(address=f"unix://{path}", unix_path=path)
-    match = _HOST_PORT.fullmatch(text)
-    if match is None or not 0 <= int(match["port"]) <= 65535:
+    if host_port(text) is None:
         raise ConfigError(flag, f"expected unix:///path or host:port, got {text!r}")
     return Listener(address=text)
 

@@ -38,7 +38,7 @@ from server.client import (
     Snapshot,
 )
 from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.settings import DEFAULT_SOCKET
+from server.settings import DEFAULT_SOCKET, host_port
 from server.tables import render_cycle, render_devices, render_heartbeat, render_snapshot
 from server.watching import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
 
@@ -47,7 +47,6 @@ DEFAULT_TARGET = f"unix://{DEFAULT_SOCKET}"
 # Retrying cannot fix these: the agent understood the request and refused it.
 FATAL_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED})
 
-_HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]+):([0-9]{1,5})")
 _UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-]{0,127}")
 
 
@@ -76,8 +75,8 @@ def _target(flag: str, text: str) -> str:
         if not text.removeprefix("unix://").startswith("/"):
             raise ConfigError(flag, f"unix socket path must be absolute: {text!r}")
         return text
-    match = _HOST_PORT.fullmatch(text)
-    if match is None or not 1 <= int(match[2]) <= 65535:
+    parsed = host_port(text)
+    if parsed is None or not parsed[0] or parsed[1] == 0:
         raise ConfigError(flag, f"expected unix:///path or host:port, got {text!r}")
     return text
 
