@@ -163,6 +163,8 @@ async def run_shim(client: NodeHealthClient, settings: ShimSettings) -> int:
 
 def main_shim(namespace: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``capwatch shim``: validate everything, then serve until SIGTERM."""
+    # The connection (target, TLS) is parsed and validated exactly as for
+    # `capwatch watch`; watch's own display twins must not leak into the shim.
     connection_env = {k: v for k, v in environ.items() if not k.startswith("CAPWATCH_WATCH_")}
     client = client_for(watch_settings(namespace, connection_env))
     settings = shim_settings(namespace, environ)
