@@ -14,7 +14,6 @@ cycle is one call per attached event loop, not per reader.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import uuid
 from collections import deque
@@ -69,6 +68,9 @@ class Hub:
         self._readers_released = False
         self._lock = threading.Lock()
         self._loops: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
+        # Loops with a wake-up already scheduled: a burst of publishes costs each
+        # loop one wake-up (one write to its self-pipe), not one per publish.
+        self._waking: set[asyncio.AbstractEventLoop] = set()
 
     @property
     def clock(self) -> Clock:
@@ -79,7 +81,16 @@ class Hub:
         return self._stale_after_s
 
     def publish(self, report: CycleReport) -> None:
-        """Record a completed cycle and wake readers. O(1) in the number of readers."""
+        """Record a completed cycle, then wake readers. O(1) in the number of readers.
+
+        Readers can see the report once it is recorded. Waking them comes
+        after: the publishing thread may then wait for the GIL while they run.
+        """
+        for loop in self._record(report):
+            self._schedule_wake(loop)
+
+    def _record(self, report: CycleReport) -> list[asyncio.AbstractEventLoop]:
+        """Make ``report`` the latest; return the loops to wake."""
         with self._lock:
             last_good = (
                 report.finished_monotonic if report.enforced else self._state.last_good_monotonic
@@ -93,13 +104,9 @@ class Hub:
                 last_good_monotonic=last_good,
                 devices=devices,
             )
-            loops = list(self._loops.items())
-        for loop, event in loops:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # that loop closed; forget it
-                with self._lock:
-                    self._loops.pop(loop, None)
+            loops = [loop for loop in self._loops if loop not in self._waking]
+            self._waking.update(loops)
+            return loops
 
     def state(self) -> HubState:
         with self._lock:
@@ -150,10 +157,26 @@ class Hub:
         """Make every current and future :meth:`wait` return at once (server shutdown)."""
         with self._lock:
             self._readers_released = True
-            loops = list(self._loops.items())
-        for loop, event in loops:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(event.set)
+            loops = list(self._loops)
+        for loop in loops:
+            self._schedule_wake(loop)
+
+    def _schedule_wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.call_soon_threadsafe(self._wake, loop)
+        except RuntimeError:  # that loop closed; forget it
+            with self._lock:
+                self._loops.pop(loop, None)
+                self._waking.discard(loop)
+
+    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Runs on ``loop``. Sets the loop's current event: a reader may have
+        # replaced the one that was current when the wake-up was scheduled.
+        with self._lock:
+            self._waking.discard(loop)
+            event = self._loops.get(loop)
+        if event is not None:
+            event.set()
 
     @property
     def readers_released(self) -> bool:

@@ -103,3 +103,53 @@ async def test_async_waiters_are_woken_by_a_publish_from_another_thread():
     await asyncio.to_thread(hub.publish, report(1, clock))
     assert all(await asyncio.gather(*waiters))
     assert not await hub.wait(1, timeout=0.05)
+
+
+@pytest.mark.asyncio
+async def test_a_burst_of_publishes_schedules_one_wake_up_per_loop():
+    """Publishing faster than the loop runs costs it one wake-up, and no reader misses one."""
+    clock = FakeClock()
+    hub = Hub(clock=clock, stale_after_s=45)
+    loop = asyncio.get_running_loop()
+    scheduled = 0
+    real = loop.call_soon_threadsafe
+
+    def counting(*args: object) -> asyncio.Handle:
+        nonlocal scheduled
+        scheduled += 1
+        return real(*args)  # type: ignore[arg-type]
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    try:
+        waiter = asyncio.create_task(hub.wait(0, timeout=5))
+        await asyncio.sleep(0)
+        for seq in range(1, 51):  # no await between them: the loop cannot run the wake-up
+            hub.publish(report(seq, clock))
+        assert scheduled == 1
+        assert await waiter
+        # The wake-up ran, so the next publish schedules another, for a new reader.
+        waiter = asyncio.create_task(hub.wait(50, timeout=5))
+        await asyncio.sleep(0)
+        hub.publish(report(51, clock))
+        assert await waiter
+        assert scheduled == 2
+    finally:
+        del loop.call_soon_threadsafe
+
+
+@pytest.mark.asyncio
+async def test_a_pending_wake_up_reaches_a_reader_that_replaced_the_event():
+    """A wake-up scheduled before a reader started waiting on a fresh event still wakes it."""
+    clock = FakeClock()
+    hub = Hub(clock=clock, stale_after_s=45)
+    first = asyncio.create_task(hub.wait(0, timeout=5))
+    await asyncio.sleep(0)
+    hub.publish(report(1, clock))
+    assert await first  # the loop's event is now set
+    # In this order on the loop: a reader up to date with 2 replaces the set event
+    # and waits; 3 is published while the wake-up for 2 is still pending (so it
+    # schedules none); that wake-up runs and must set the reader's new event.
+    later = asyncio.create_task(hub.wait(2, timeout=2))
+    asyncio.get_running_loop().call_soon(hub.publish, report(3, clock))
+    hub.publish(report(2, clock))
+    assert await later
