@@ -82,9 +82,21 @@ def device_health(
     GPU, and when the latest cycle aborted before reaching the GPUs (their
     state is not known to be current); otherwise the GPU's own last step decides.
     """
-    if readiness.reason in (ReadinessReason.STALE, ReadinessReason.NO_CYCLE_YET):
+    if nothing_known(latest=latest, readiness=readiness):
         return DeviceHealth.UNKNOWN
-    if state.result is None or (latest is not None and latest.abort_reason is not None):
+    return own_health(state)
+
+
+def nothing_known(*, latest: CycleReport | None, readiness: Readiness) -> bool:
+    """The part of :func:`device_health` that holds for every GPU at once."""
+    return readiness.reason in (ReadinessReason.STALE, ReadinessReason.NO_CYCLE_YET) or (
+        latest is not None and latest.abort_reason is not None
+    )
+
+
+def own_health(state: DeviceState) -> DeviceHealth:
+    """The part of :func:`device_health` that is the GPU's own."""
+    if state.result is None:
         return DeviceHealth.UNKNOWN
     if state.result.outcome is Outcome.FAILED:
         return DeviceHealth.UNHEALTHY

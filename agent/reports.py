@@ -7,6 +7,7 @@ the report's contents rather than stored, so it can never disagree with them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import Enum
 
@@ -126,14 +127,16 @@ class CycleReport:
     def duration_s(self) -> float:
         return max(0.0, self.finished_monotonic - self.started_monotonic)
 
-    @property
+    # Derived once per report: the hub, readiness, metrics, logs and every
+    # stream's encoding all ask. (The report is immutable, so the value is too.)
+    @functools.cached_property
     def enforced(self) -> bool:
         """Every required action completed and every input was obtained."""
         return (
             self.abort_reason is None and not self.failures and not any(g.failed for g in self.gpus)
         )
 
-    @property
+    @functools.cached_property
     def failure_summary(self) -> str:
         """A short, stable description of why the cycle was not enforced ('' if it was)."""
         if self.abort_reason is not None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from agent.devices import DeviceHealth, DeviceState, device_health
+from agent.devices import DeviceHealth, DeviceState, device_health, nothing_known, own_health
 from agent.readiness import Readiness, ReadinessReason
 from agent.reports import (
     AbortReason,
@@ -27,6 +27,8 @@ from agent.reports import (
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 
 DeviceNamer = Callable[[int, str | None], str]
+# Which devices a subscriber asked for, by index and UUID; None: all of them.
+Include = Callable[[int, str | None], bool]
 
 # Reason code of a GPU known at start-up that no cycle has reached yet.
 NOT_REPORTED = "not_reported"
@@ -75,17 +77,28 @@ CLAMP_DIRECTION: Mapping[ClampDirection, pb.ClampDirection.ValueType] = {
 }
 
 
+def duration_parts(seconds: float) -> tuple[int, int]:
+    """Seconds and nanos of a non-negative duration (ages never go backwards on a
+    monotonic clock)."""
+    return divmod(max(0, round(seconds * 1e9)), 1_000_000_000)
+
+
 def duration(seconds: float) -> Duration:
-    """A non-negative duration (ages never go backwards on a monotonic clock)."""
-    whole, nanos = divmod(max(0, round(seconds * 1e9)), 1_000_000_000)
+    whole, nanos = duration_parts(seconds)
     return Duration(seconds=whole, nanos=nanos)
 
 
-def timestamp(wall: float) -> Timestamp:
+def timestamp_parts(wall: float) -> tuple[int, int]:
+    """Seconds and nanos of a wall-clock time, nanos in [0, 1e9)."""
     # Split before scaling: wall * 1e9 is past a float's exact-integer range.
     whole = math.floor(wall)
     carry, nanos = divmod(round((wall - whole) * 1e9), 1_000_000_000)
-    return Timestamp(seconds=whole + carry, nanos=nanos)
+    return whole + carry, nanos
+
+
+def timestamp(wall: float) -> Timestamp:
+    whole, nanos = timestamp_parts(wall)
+    return Timestamp(seconds=whole, nanos=nanos)
 
 
 def readiness(ready: Readiness, *, last_cycle_age_s: float | None) -> pb.Readiness:
@@ -109,14 +122,14 @@ def gpu_result(
     last_transition_wall: float,
 ) -> pb.DeviceStatus:
     message = pb.DeviceStatus()
-    message.CopyFrom(_settled(result, dra_device_name, health, last_transition_wall))
+    message.CopyFrom(settled(result, dra_device_name, health, last_transition_wall))
     message.sequence = sequence
     message.last_update_time.CopyFrom(timestamp(last_update_wall))
     return message
 
 
 @functools.lru_cache(maxsize=4096)
-def _settled(
+def settled(
     result: GpuResult, dra_device_name: str, health: DeviceHealth, last_transition_wall: float
 ) -> pb.DeviceStatus:
     """Everything about a GPU's step but what moves every cycle (sequence, update time).
@@ -179,6 +192,36 @@ def device_state(
     )
 
 
+def cycle_devices(
+    report: CycleReport,
+    *,
+    devices: Mapping[int, DeviceState],
+    ready: Readiness,
+    include: Include | None = None,
+) -> Iterator[tuple[GpuResult, DeviceState, DeviceHealth]]:
+    """Each GPU of ``report`` that ``include`` admits (None: all), with its state and health.
+
+    The state is the device table's entry for this cycle, which carries the
+    GPU's transition time; without one, the cycle's own finish is the best
+    transition time there is.
+    """
+    unknown = nothing_known(latest=report, readiness=ready)
+    for result in report.gpus:
+        if include is not None and not include(result.index, result.uuid):
+            continue
+        state = devices.get(result.index)
+        if state is None or state.sequence != report.sequence:
+            state = DeviceState(
+                index=result.index,
+                uuid=result.uuid,
+                result=result,
+                sequence=report.sequence,
+                last_update_wall=report.finished_wall,
+                last_transition_wall=report.finished_wall,
+            )
+        yield result, state, DeviceHealth.UNKNOWN if unknown else own_health(state)
+
+
 def cycle(
     report: CycleReport,
     *,
@@ -186,7 +229,7 @@ def cycle(
     namer: DeviceNamer,
     ready: Readiness,
     age_s: float,
-    include: Callable[[int, str | None], bool] = lambda index, uuid: True,
+    include: Include | None = None,
 ) -> pb.CycleReport:
     """One cycle; its devices carry their transition times from the device table."""
     finished = timestamp(report.finished_wall)
@@ -202,24 +245,12 @@ def cycle(
         interrupted=report.interrupted,
         failure_summary=report.failure_summary,
     )
-    for result in report.gpus:
-        if not include(result.index, result.uuid):
-            continue
-        state = devices.get(result.index)
-        if state is None or state.sequence != report.sequence:
-            # No table of this cycle's moment: its own finish is the best transition time.
-            state = DeviceState(
-                index=result.index,
-                uuid=result.uuid,
-                result=result,
-                sequence=report.sequence,
-                last_update_wall=report.finished_wall,
-                last_transition_wall=report.finished_wall,
-            )
-        health = device_health(state, latest=report, readiness=ready)
+    for result, state, health in cycle_devices(
+        report, devices=devices, ready=ready, include=include
+    ):
         device = message.devices.add()
         device.CopyFrom(
-            _settled(result, namer(result.index, result.uuid), health, state.last_transition_wall)
+            settled(result, namer(result.index, result.uuid), health, state.last_transition_wall)
         )
         device.sequence = report.sequence
         device.last_update_time.CopyFrom(finished)
@@ -239,7 +270,7 @@ def snapshot(
     ready: Readiness,
     last_cycle_age_s: float | None,
     resync: bool = False,
-    include: Callable[[int, str | None], bool] = lambda index, uuid: True,
+    include: Include | None = None,
 ) -> pb.NodeSnapshot:
     message = pb.NodeSnapshot(
         node_name=node_name,
@@ -250,7 +281,7 @@ def snapshot(
         devices=[
             device_state(state, namer=namer, latest=latest, ready=ready)
             for state in _sorted(devices.values())
-            if include(state.index, state.uuid)
+            if include is None or include(state.index, state.uuid)
         ],
         resync=resync,
         sequence=sequence,

@@ -8,7 +8,6 @@ all streaming services together.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,7 @@ from agent.clock import Clock
 from agent.hub import Hub, HubState
 from agent.readiness import Readiness
 from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.mapping import DeviceNamer
+from server.mapping import DeviceNamer, Include
 from server.mapping import snapshot as snapshot_message
 
 
@@ -93,7 +92,7 @@ class Publication:
         view: View,
         *,
         resync: bool = False,
-        include: Callable[[int, str | None], bool] = lambda index, uuid: True,
+        include: Include | None = None,
     ) -> pb.NodeSnapshot:
         return snapshot_message(
             node_name=self.node_name,

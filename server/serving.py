@@ -21,8 +21,9 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from agent.errors import CapwatchError
+from server import watching
 from server.dra import DraV1alpha1Servicer, DraV1Servicer
-from server.gen.capwatch.v1 import node_health_pb2, node_health_pb2_grpc
+from server.gen.capwatch.v1 import node_health_pb2
 from server.gen.v1 import dra_health_pb2 as v1_pb
 from server.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
@@ -82,9 +83,7 @@ class AgentServer:
         self._tracker: asyncio.Task[None] | None = None
         self._sockets: list[Path] = []
         self.addresses: list[str] = []  # as bound (port 0 resolved)
-        node_health_pb2_grpc.add_NodeHealthServiceServicer_to_server(
-            NodeHealthServicer(publication), self._server
-        )
+        watching.add_to_server(NodeHealthServicer(publication), self._server)
         v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
             DraV1alpha1Servicer(publication), self._server
         )

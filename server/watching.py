@@ -10,17 +10,17 @@ receives a fresh snapshot marked ``resync``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import grpc
 
 from agent.devices import DeviceState
 from agent.reports import CycleReport
+from server.encoding import EncodedCycle, encode_cycle, encode_readiness
 from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from server.mapping import cycle as cycle_message
+from server.mapping import Include
 from server.mapping import heartbeat as heartbeat_message
-from server.mapping import readiness as readiness_message
 from server.publication import Publication, View
 
 log = logging.getLogger(__name__)
@@ -35,25 +35,22 @@ MAX_UUID_LENGTH = 128
 # cycles). Cycles themselves show the agent alive; heartbeats fill the silence
 # when a cycle hangs.
 DEFAULT_HEARTBEAT_FACTOR = 1.5
-MAPPED_CYCLES = 8  # cycles kept mapped for unfiltered streams (most read only the latest)
-
-Include = Callable[[int, str | None], bool]
-
-
-def _everything(index: int, uuid: str | None) -> bool:
-    return True
+ENCODED_CYCLES = 8  # cycles kept encoded for unfiltered streams (most read only the latest)
+SERVICE = "capwatch.v1.NodeHealthService"
 
 
-class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
+class NodeHealthServicer:
+    """``Watch`` sends serialized bytes (see :mod:`server.encoding`), so the
+    servicer is registered by :func:`add_to_server` with a pass-through
+    serializer for it, not by the generated helper."""
+
     def __init__(self, publication: Publication) -> None:
         self._pub = publication
-        # Mapping a cycle costs about as much as sending it; every unfiltered
-        # subscriber gets the same one, so it is mapped once per cycle, not per
-        # subscriber. Key: the report and the readiness verdict; the value also
-        # keeps the report and device table it was mapped against, by identity.
-        self._mapped: dict[
+        # Key: the cycle and the readiness verdict; the value also keeps the
+        # report and device table it was encoded from, compared by identity.
+        self._encoded: dict[
             tuple[int, bool, str, str],
-            tuple[CycleReport, Mapping[int, DeviceState], pb.CycleReport],
+            tuple[CycleReport, Mapping[int, DeviceState], EncodedCycle],
         ] = {}
 
     async def GetSnapshot(
@@ -66,7 +63,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
 
     async def Watch(
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[object, object]
-    ) -> AsyncIterator[pb.WatchResponse]:
+    ) -> AsyncIterator[bytes]:
         include = await _filter(request.filter, context)
         heartbeat_s = DEFAULT_HEARTBEAT_FACTOR * self._pub.interval_s
         requested = request.heartbeat_interval
@@ -89,81 +86,67 @@ class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
             self._pub.unsubscribe()
 
     async def _stream(
-        self, request: pb.WatchRequest, include: Include, heartbeat_s: float
-    ) -> AsyncIterator[pb.WatchResponse]:
+        self, request: pb.WatchRequest, include: Include | None, heartbeat_s: float
+    ) -> AsyncIterator[bytes]:
         hub = self._pub.hub
         view = self._pub.view()
         cursor = view.state.sequence
         same_instance = request.agent_instance_id in ("", hub.instance_id)
         if request.since_sequence == 0:
-            yield pb.WatchResponse(snapshot=self._pub.snapshot(view, include=include))
+            yield _serialized(snapshot=self._pub.snapshot(view, include=include))
         else:
             missed = hub.since(request.since_sequence) if same_instance else None
             if missed is None or request.since_sequence > view.state.sequence:
-                yield pb.WatchResponse(
-                    snapshot=self._pub.snapshot(view, resync=True, include=include)
-                )
+                yield _serialized(snapshot=self._pub.snapshot(view, resync=True, include=include))
             else:
                 for report in missed:
                     yield self._cycle(report, view, include)
                 cursor = missed[-1].sequence if missed else request.since_sequence
                 if not missed:
-                    yield pb.WatchResponse(heartbeat=self._heartbeat(view))
+                    yield _serialized(heartbeat=self._heartbeat(view))
         while not self._pub.stopping.is_set():
             if not await hub.wait(cursor, heartbeat_s):
                 if self._pub.stopping.is_set():
                     return
-                yield pb.WatchResponse(heartbeat=self._heartbeat(self._pub.view()))
+                yield _serialized(heartbeat=self._heartbeat(self._pub.view()))
                 continue
             view = self._pub.view()
             reports = hub.since(cursor)
             if reports is None:  # fell behind further than the ring holds
                 log.info("watch subscriber fell behind; resyncing cursor=%d", cursor)
-                yield pb.WatchResponse(
-                    snapshot=self._pub.snapshot(view, resync=True, include=include)
-                )
+                yield _serialized(snapshot=self._pub.snapshot(view, resync=True, include=include))
                 cursor = view.state.sequence
                 continue
             for report in reports:
                 yield self._cycle(report, view, include)
                 cursor = report.sequence
 
-    def _cycle(self, report: CycleReport, view: View, include: Include) -> pb.WatchResponse:
+    def _cycle(self, report: CycleReport, view: View, include: Include | None) -> bytes:
         # The table right after this cycle gives its transition times, even when
         # the cycle is sent late (a batch, a resume).
         devices = self._pub.hub.devices_at(report.sequence)
         if devices is None:
             devices = view.state.devices
-        age_s = view.now_monotonic - report.finished_monotonic
         ready = view.readiness
-        if include is not _everything:
-            return pb.WatchResponse(
-                cycle=cycle_message(
-                    report,
-                    devices=devices,
-                    namer=self._pub.namer,
-                    ready=ready,
-                    age_s=age_s,
-                    include=include,
-                )
-            )
-        # A cycle message is a function of the report, the device table and the
-        # readiness verdict, except for the readiness ages, measured at send time.
+        readiness = encode_readiness(
+            ready, last_cycle_age_s=view.now_monotonic - report.finished_monotonic
+        )
+        if include is not None:
+            return encode_cycle(
+                report, devices=devices, namer=self._pub.namer, ready=ready, include=include
+            ).watch_response(readiness)
+        # Apart from the readiness, a cycle message is a function of the report,
+        # the device table and the readiness verdict: encoded once for every
+        # unfiltered stream.
         key = (report.sequence, ready.ready, ready.reason.value, ready.detail)
-        hit = self._mapped.get(key)
+        hit = self._encoded.get(key)
         if hit is None or hit[0] is not report or hit[1] is not devices:
-            mapped = cycle_message(
-                report, devices=devices, namer=self._pub.namer, ready=ready, age_s=age_s
-            )
-            self._mapped.pop(key, None)
-            self._mapped[key] = (report, devices, mapped)
-            if len(self._mapped) > MAPPED_CYCLES:
-                del self._mapped[next(iter(self._mapped))]
-            hit = self._mapped[key]
-        response = pb.WatchResponse()
-        response.cycle.CopyFrom(hit[2])  # the cached message itself is never handed out
-        response.cycle.readiness.CopyFrom(readiness_message(ready, last_cycle_age_s=age_s))
-        return response
+            encoded = encode_cycle(report, devices=devices, namer=self._pub.namer, ready=ready)
+            self._encoded.pop(key, None)
+            self._encoded[key] = hit = (report, devices, encoded)
+            if len(self._encoded) > ENCODED_CYCLES:
+                del self._encoded[next(iter(self._encoded))]
+        return hit[2].watch_response(readiness)
 
     def _heartbeat(self, view: View) -> pb.Heartbeat:
         return heartbeat_message(
@@ -175,9 +158,34 @@ class NodeHealthServicer(pb_grpc.NodeHealthServiceServicer):
         )
 
 
+def add_to_server(servicer: NodeHealthServicer, server: grpc.aio.Server) -> None:
+    """Register the service as the generated helper would, but with Watch's
+    messages passed through as the bytes the servicer serialized."""
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        "Watch": grpc.unary_stream_rpc_method_handler(
+            servicer.Watch,
+            request_deserializer=pb.WatchRequest.FromString,
+            response_serializer=None,
+        ),
+        "GetSnapshot": grpc.unary_unary_rpc_method_handler(
+            servicer.GetSnapshot,
+            request_deserializer=pb.GetSnapshotRequest.FromString,
+            response_serializer=pb.GetSnapshotResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+def _serialized(
+    *, snapshot: pb.NodeSnapshot | None = None, heartbeat: pb.Heartbeat | None = None
+) -> bytes:
+    return pb.WatchResponse(snapshot=snapshot, heartbeat=heartbeat).SerializeToString()
+
+
 async def _filter(
     request: pb.DeviceFilter, context: grpc.aio.ServicerContext[object, object]
-) -> Include:
+) -> Include | None:
     indexes = frozenset(request.indexes)
     uuids = frozenset(u.lower() for u in request.uuids)
     if len(request.uuids) > MAX_FILTER_UUIDS or any(len(u) > MAX_UUID_LENGTH for u in uuids):
@@ -186,7 +194,7 @@ async def _filter(
             f"filter.uuids: at most {MAX_FILTER_UUIDS} UUIDs of at most {MAX_UUID_LENGTH} chars",
         )
     if not indexes and not uuids:
-        return _everything
+        return None
 
     def include(index: int, uuid: str | None) -> bool:
         return index in indexes or (uuid is not None and uuid.lower() in uuids)
