@@ -103,6 +103,13 @@ class GpuResult:
     clamp: ClampDirection = ClampDirection.NONE
     process_count: int = 0
 
+    def __hash__(self) -> int:
+        # Results key the server's per-GPU encoding cache, once per GPU per
+        # cycle. The generated hash covers every field, four of them enums whose
+        # __hash__ is Python code; these fields tell results apart as well, and
+        # equal results still hash alike (equality compares every field).
+        return hash((self.index, self.uuid, self.message, self.applied_watts))
+
     @property
     def failed(self) -> bool:
         return self.outcome is Outcome.FAILED

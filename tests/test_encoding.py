@@ -6,6 +6,8 @@ with the same readiness must give exactly the encoder's bytes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -265,3 +267,20 @@ def test_any_cycle_encodes_to_the_mapped_message(
     cycle = report(sequence, *gpus, wall=wall, abort=abort, interrupted=interrupted)
     encoded, expected = both(cycle, devices={} if with_table else None, ready=ready, age_s=age_s)
     assert encoded == expected
+
+
+def test_results_that_hash_alike_are_still_told_apart():
+    """The per-GPU cache hashes few fields: results differing elsewhere get their own bytes."""
+    base = ok(0)
+    others = [
+        dataclasses.replace(base, outcome=Outcome.FAILED, reason=Reason.WRITE_FAILED),
+        dataclasses.replace(base, cap_source=CapSource.AGREED),
+        dataclasses.replace(base, process_count=7),
+        dataclasses.replace(base, owners=()),
+    ]
+    for other in others:
+        assert hash(other) == hash(base)
+        assert other != base
+    for result in (base, *others, base):
+        encoded, expected = both(report(1, result))
+        assert encoded == expected
