@@ -38,6 +38,9 @@ from tests.server.harness import settings_for
 
 GPUS = 8
 CAPACITY = 256  # the hub's default ring
+# Throughput replays cycles published beforehand: a ring this long outlasts the
+# measurement at well over 10,000 messages/s.
+REPLAY = 80_000
 INTERVAL_S = 15.0  # the agent's default: no heartbeat fires during a measurement
 WATCH = "/capwatch.v1.NodeHealthService/Watch"
 # A subchannel pool per channel: each channel is a connection of its own.
@@ -74,6 +77,19 @@ def spread(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
+class TimedHub(Hub):
+    """A hub that notes when each report becomes visible to readers, before they are woken."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.recorded_at: list[float] = []
+
+    def _record(self, report: CycleReport) -> list[asyncio.AbstractEventLoop]:
+        loops = super()._record(report)
+        self.recorded_at.append(time.perf_counter())
+        return loops
+
+
 class ServerSide:
     """Lives in a server process: one server, and what drives it."""
 
@@ -91,16 +107,18 @@ class ServerSide:
         self.bare_event: asyncio.Event | None = None
         self.bare_sent = self.bare_streams = 0
         self.tmp = tempfile.TemporaryDirectory(prefix="capwatch-bench-")
+        self.publish_s = 0.0  # mean cost of building and publishing one report
 
     async def start(self, kind: str) -> str:
-        """Start capwatch's server over a "hub" the bench publishes into, or over the
-        real "agent" loop; or a bare grpc.aio one, "bare-loop" or "bare-broadcast"."""
+        """Start capwatch's server over a "hub" the bench publishes into, a "replay" hub
+        holding REPLAY cycles published beforehand, or the real "agent" loop; or a
+        bare grpc.aio one, "bare-loop" or "bare-broadcast"."""
         if kind.startswith("bare"):
             return await self._start_bare(forever=kind == "bare-loop")
-        self.hub = Hub(
+        self.hub = TimedHub(
             clock=self.clock,
             stale_after_s=3 * INTERVAL_S,
-            capacity=CAPACITY,
+            capacity=REPLAY if kind == "replay" else CAPACITY,
             devices=inventory(
                 dict(enumerate(AGENT_UUIDS if kind == "agent" else UUIDS)),
                 wall=self.clock.wall(),
@@ -108,6 +126,11 @@ class ServerSide:
         )
         if kind == "agent":
             self.agent_loop = self._agent_loop(self.hub)
+        if kind == "replay":
+            started = time.perf_counter()
+            for _ in range(REPLAY):
+                self._publish()
+            self.publish_s = (time.perf_counter() - started) / REPLAY
         settings = settings_for("127.0.0.1:0")
         self.pub = self._publication(self.hub, settings.max_subscribers)
         server = AgentServer(settings=settings, publication=self.pub)
@@ -278,32 +301,40 @@ class ServerSide:
                 published += 64
             await asyncio.sleep(0.0005)
 
-    async def cycles(self, count: int, interval_s: float) -> tuple[list[float], list[float]]:
-        """Real cycles: (seconds from submit until the hub published the report, seconds
-        until the event loop had it back) each. The cycle thread publishes; the loop's
-        part (logging) comes after and delays nothing the cycle does."""
+    async def cycles(self, count: int, interval_s: float) -> dict[str, list[float]]:
+        """Real cycles, in seconds from submit (on the event loop) until: the reconcile
+        ended ("reconcile", the report's own duration added to its start), the report
+        was in the hub for readers to see ("published"), the cycle thread had woken the
+        readers ("woken"), and the event loop had the report back ("returned")."""
         assert self.agent_loop is not None
-        assert self.hub is not None
-        published_at: list[float] = []
-        publish = self.hub.publish
+        assert isinstance(self.hub, TimedHub)
+        hub, publish = self.hub, self.hub.publish
+        woken_at: list[float] = []
 
         def timed(report: CycleReport) -> None:
             publish(report)
-            published_at.append(time.perf_counter())
+            woken_at.append(time.perf_counter())
 
-        self.hub.publish = timed  # type: ignore[method-assign]
-        cycle, returned = [], []
+        hub.publish = timed  # type: ignore[method-assign]
+        figures: dict[str, list[float]] = {
+            "reconcile": [],
+            "published": [],
+            "woken": [],
+            "returned": [],
+        }
         try:
             for _ in range(count):
-                start = time.perf_counter()
+                start, start_mono = time.perf_counter(), self.clock.monotonic()
                 report = await self.agent_loop.cycle_once()
-                returned.append(time.perf_counter() - start)
-                cycle.append(published_at[-1] - start)
+                figures["returned"].append(time.perf_counter() - start)
+                figures["reconcile"].append(report.finished_monotonic - start_mono)
+                figures["published"].append(hub.recorded_at[-1] - start)
+                figures["woken"].append(woken_at[-1] - start)
                 assert report.enforced, report.failure_summary
                 await asyncio.sleep(interval_s)
         finally:
-            self.hub.publish = publish  # type: ignore[method-assign]
-        return cycle, returned
+            hub.publish = publish  # type: ignore[method-assign]
+        return figures
 
     async def stats(self) -> dict[str, float]:
         gc.collect()
@@ -314,6 +345,7 @@ class ServerSide:
             "messages_sent": self.sent,
             "rss_kib": rss_kib(),
             "cpu_s": time.process_time(),
+            "publish_s": self.publish_s,
         }
 
     async def stop(self) -> None:
@@ -336,13 +368,18 @@ class ClientSide:
         self.latencies: list[list[float]] = []
         self.snapshots = 0
 
-    def _watch(self, channel: grpc.aio.Channel, parse: Callable[[bytes], Any]) -> Any:
+    def _watch(
+        self, channel: grpc.aio.Channel, parse: Callable[[bytes], Any], since: int = 0
+    ) -> Any:
         return channel.unary_stream(
             WATCH, request_serializer=pb.WatchRequest.SerializeToString, response_deserializer=parse
-        )(pb.WatchRequest())
+        )(pb.WatchRequest(since_sequence=since))
 
-    async def throughput(self, target: str, warmup_s: float, measure_s: float) -> dict[str, float]:
-        """Cycle messages received per second after a warm-up: one loop for any server."""
+    async def throughput(
+        self, target: str, warmup_s: float, measure_s: float, since: int = 0
+    ) -> dict[str, float]:
+        """Cycle messages received per second after a warm-up: one loop for any server.
+        ``since`` > 0 resumes from the ring (the "replay" server)."""
         size = [0]
 
         def parse(data: bytes) -> pb.WatchResponse:
@@ -352,7 +389,7 @@ class ClientSide:
         cycles = others = 0
         first: tuple[int, int, float, float] | None = None
         async with grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS) as channel:
-            call = self._watch(channel, parse)
+            call = self._watch(channel, parse, since)
             mark = time.perf_counter() + warmup_s
             async with asyncio.timeout(warmup_s + measure_s + 20):
                 async for message in call:
