@@ -197,7 +197,6 @@ def cycle_cost(stack: contextlib.ExitStack, args: argparse.Namespace) -> None:
             **{name: statistics.median(values) * 1000 for name, values in figures.items()},
             "max_published": max(figures["published"]) * 1000,
             "sent": sent,
-            "grown": (after["rss_kib"] - before["rss_kib"]) / 1024,
             "subscribers": after["subscribers"],
         }
 
@@ -206,55 +205,71 @@ def cycle_cost(stack: contextlib.ExitStack, args: argparse.Namespace) -> None:
             if server.call("stats")["subscribers"] == 0:
                 return
 
-    # Each phase with subscribers sits between two without, and is compared with
-    # their mean: the machine is shared, and its speed drifts over a minute.
-    alone = [run()]
-    # Frozen (SIGSTOP): nothing reads, not even the kernel; flow control stops each
-    # stream after a few dozen cycles, which go by first. About 10 s after it
-    # stops answering pings (keepalive timeout) the server drops the connection.
-    client.call("open", target, n, args.channels, False)
-    client.freeze(True)
-    server.call("cycles", 30, 0.0, timeout_s=timeout)
-    frozen = run()
-    client.freeze(False)
-    client.call("close")
-    settle()
-    alone.append(run())
-    # The application never reads, but grpc's client transport goes on accepting
-    # (its window grows), so the server serves these streams every cycle.
-    client.call("open", target, n, args.channels, False)
-    unread = run()
-    client.call("close")
-    settle()
-    alone.append(run())
+    def frozen() -> dict[str, Any]:
+        # SIGSTOP: nothing reads, not even the kernel; flow control stops each
+        # stream after a few dozen cycles, which go by first. About 10 s after it
+        # stops answering pings (keepalive timeout) the server drops the connection.
+        client.call("open", target, n, args.channels, False)
+        client.freeze(True)
+        server.call("cycles", 30, 0.0, timeout_s=timeout)
+        figures = run()
+        client.freeze(False)
+        client.call("close")
+        settle()
+        return figures
 
-    def line(name: str, f: dict[str, Any], around: tuple[dict[str, Any], ...] = ()) -> str:
-        text = (
+    def never_reading() -> dict[str, Any]:
+        # The application never reads, but grpc's client transport goes on
+        # accepting (its window grows), so the server serves these streams.
+        client.call("open", target, n, args.channels, False)
+        figures = run()
+        client.call("close")
+        settle()
+        return figures
+
+    # Phases with subscribers alternate with phases without, and each is compared
+    # with the mean of its neighbours: the machine is shared, and its speed drifts
+    # by a third between one six-second phase and the next.
+    kinds = {f"{n} frozen": frozen, f"{n} never reading": never_reading}
+    ratios: dict[str, list[float]] = {name: [] for name in kinds}
+    lines = []
+
+    def line(name: str, f: dict[str, Any]) -> str:
+        return (
             f"    {name:<18} reconcile {f['reconcile']:5.2f}  published {f['published']:5.2f} "
             f"(max {f['max_published']:6.2f})  woken {f['woken']:6.2f}  "
             f"returned {f['returned']:6.2f}"
         )
-        if not around:
-            return text
-        base = {k: statistics.mean(a[k] for a in around) for k in ("published", "woken")}
-        ratio = f["published"] / base["published"]
-        return (
-            f"{text}\n{'':22}published ratio {ratio:.2f} [target <= 1.1: "
-            f"{verdict(ratio <= 1.1)}]; woken ratio {f['woken'] / base['woken']:.2f}; "
-            f"cycles sent to each meanwhile: {f['sent']:.1f}; server RSS {f['grown']:+.1f} MiB; "
-            f"{f['subscribers']} of {n} still subscribed"
-        )
 
+    before = run()
+    lines.append(line("no subscribers", before))
+    for _ in range(args.cycle_rounds):
+        for name, phase in kinds.items():
+            figures = phase()
+            after = run()
+            base = {k: (before[k] + after[k]) / 2 for k in ("published", "woken")}
+            ratio = figures["published"] / base["published"]
+            ratios[name].append(ratio)
+            lines += [
+                line(name, figures),
+                f"{'':22}published ratio {ratio:.2f}, woken ratio "
+                f"{figures['woken'] / base['woken']:.2f}; cycles sent to each meanwhile: "
+                f"{figures['sent']:.1f}; {figures['subscribers']} of {n} still subscribed",
+                line("no subscribers", after),
+            ]
+            before = after
+    verdicts = "; ".join(
+        f"{name} {statistics.mean(r):.2f} [target <= 1.1: {verdict(statistics.mean(r) <= 1.1)}]"
+        for name, r in ratios.items()
+    )
     print(
-        f"  cycle (AgentLoop.cycle_once), {args.loop_cycles} cycles "
-        f"{args.loop_interval * 1000:.0f} ms apart, medians in ms from submit until the "
-        "reconcile ended, the report was in the hub, the cycle thread had woken the readers, "
-        "and the event loop had it back; ratios against the mean of the phases without "
-        f"subscribers before and after:\n{line('no subscribers', alone[0])}\n"
-        f"{line(f'{n} frozen', frozen, (alone[0], alone[1]))}\n"
-        f"{line('no subscribers', alone[1])}\n"
-        f"{line(f'{n} never reading', unread, (alone[1], alone[2]))}\n"
-        f"{line('no subscribers', alone[2])}"
+        f"  cycle (AgentLoop.cycle_once), phases of {args.loop_cycles} cycles "
+        f"{args.loop_interval * 1000:.0f} ms apart, {args.cycle_rounds} rounds; medians in ms "
+        "from submit until the reconcile ended, the report was in the hub, the cycle thread "
+        "had woken the readers, and the event loop had it back; ratios against the mean of "
+        "the phases without subscribers before and after:\n"
+        + "\n".join(lines)
+        + f"\n    published ratio, mean of rounds: {verdicts}"
     )
 
 
@@ -271,6 +286,7 @@ def main() -> int:
     # loop-cycles x loop-interval well under that.
     parser.add_argument("--loop-cycles", type=int, default=30)
     parser.add_argument("--loop-interval", type=float, default=0.2)
+    parser.add_argument("--cycle-rounds", type=int, default=2)
     parser.add_argument("--only", choices=("throughput", "fanout", "cycle"))
     args = parser.parse_args()
     print(
