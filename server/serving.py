@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.errors import CapwatchError
 from server import watching
+from server.certificates import CertificateError, ReloadingCertificates
 from server.dra import DraV1alpha1Servicer, DraV1Servicer
 from server.gen.capwatch.v1 import node_health_pb2
 from server.gen.v1 import dra_health_pb2 as v1_pb
@@ -82,6 +83,7 @@ class AgentServer:
         self._health = HealthServicer()
         self._tracker: asyncio.Task[None] | None = None
         self._sockets: list[Path] = []
+        self._certificates: ReloadingCertificates | None = None
         self.addresses: list[str] = []  # as bound (port 0 resolved)
         watching.add_to_server(NodeHealthServicer(publication), self._server)
         v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
@@ -131,13 +133,12 @@ class AgentServer:
             if tls is None:
                 port = self._server.add_insecure_port(listener.address)
             else:
-                credentials = grpc.ssl_server_credentials(
-                    [(tls.key.read_bytes(), tls.cert.read_bytes())],
-                    root_certificates=tls.client_ca.read_bytes() if tls.client_ca else None,
-                    require_client_auth=tls.client_ca is not None,
+                if self._certificates is None:  # one reloader for every TLS listener
+                    self._certificates = ReloadingCertificates(tls)
+                port = self._server.add_secure_port(
+                    listener.address, self._certificates.credentials()
                 )
-                port = self._server.add_secure_port(listener.address, credentials)
-        except (RuntimeError, OSError) as exc:
+        except (RuntimeError, OSError, CertificateError) as exc:
             raise ServeError(f"cannot listen on {listener.address}: {exc}") from exc
         if port == 0:
             raise ServeError(f"cannot listen on {listener.address} (address in use?)")

@@ -7,6 +7,8 @@ certificate it signed, and a second CA with a client certificate of its own.
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -19,6 +21,7 @@ import pytest_asyncio
 
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from server.serving import ServeError
 from tests.server.harness import NODE, ServerHarness, running, settings_for
 
 pytestmark = pytest.mark.asyncio
@@ -79,12 +82,23 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     )
     _leaf(directory, "client", "ca", "extendedKeyUsage=clientAuth\n")
     _leaf(directory, "rogue-client", "rogue-ca", "extendedKeyUsage=clientAuth\n")
+    # A renewal from another issuer: clients can tell which one is served.
+    _leaf(
+        directory,
+        "renewed",
+        "rogue-ca",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    _openssl(
+        directory, "pkey", "-in", "server.key", "-aes256", "-passout", "pass:secret",
+        "-out", "encrypted.key",
+    )  # fmt: skip
     return Pki(directory=directory)
 
 
-def secure(target: str, pki: Pki, client: str | None = None) -> grpc.aio.Channel:
+def secure(target: str, pki: Pki, client: str | None = None, trust: str = "ca") -> grpc.aio.Channel:
     credentials = grpc.ssl_channel_credentials(
-        root_certificates=pki.read("ca.pem"),
+        root_certificates=pki.read(f"{trust}.pem"),
         private_key=pki.read(f"{client}.key") if client else None,
         certificate_chain=pki.read(f"{client}.pem") if client else None,
     )
@@ -178,3 +192,141 @@ async def test_mutual_tls_keeps_the_unix_socket_plaintext(mtls_server: ServerHar
     unix = next(a for a in mtls_server.server.addresses if a.startswith("unix:"))
     async with grpc.aio.insecure_channel(unix) as channel:
         assert (await snapshot(channel)).node_name == NODE
+
+
+class MountedSecret:
+    """A directory laid out as the kubelet mounts a Secret, updated as it updates one.
+
+    ``tls.crt`` and ``tls.key`` are links through ``..data``, a link to a
+    timestamped directory; an update writes a new directory and swaps ``..data``
+    in one rename.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.versions = 0
+        for name in ("tls.crt", "tls.key"):
+            (directory / name).symlink_to(f"..data/{name}")
+
+    def write(self, cert: bytes, key: bytes) -> None:
+        self.versions += 1
+        version = self.directory / f"..v{self.versions}"
+        version.mkdir()
+        (version / "tls.crt").write_bytes(cert)
+        (version / "tls.key").write_bytes(key)
+        (self.directory / "..data_tmp").symlink_to(version.name)
+        os.replace(self.directory / "..data_tmp", self.directory / "..data")
+
+    def settings(self) -> dict[str, object]:
+        return {
+            "grpc_tls_cert": str(self.directory / "tls.crt"),
+            "grpc_tls_key": str(self.directory / "tls.key"),
+        }
+
+
+@pytest_asyncio.fixture
+async def secret_server(
+    pki: Pki, tmp_path: Path
+) -> AsyncIterator[tuple[ServerHarness, MountedSecret]]:
+    (tmp_path / "secret").mkdir()
+    secret = MountedSecret(tmp_path / "secret")
+    secret.write(pki.read("server.pem"), pki.read("server.key"))
+    settings = settings_for("127.0.0.1:0", extra=secret.settings())
+    async with running(settings=settings) as harness:
+        yield harness, secret
+
+
+async def served_by(target: str, pki: Pki) -> str:
+    """Which issuer's certificate the listener presents to a new connection."""
+    for trust in ("ca", "rogue-ca"):
+        async with secure(target, pki, trust=trust) as channel:
+            try:
+                await snapshot(channel)
+            except grpc.aio.AioRpcError:
+                continue
+            return trust
+    raise AssertionError("neither issuer's clients were served")
+
+
+async def test_a_renewed_certificate_is_served_without_a_restart(
+    secret_server: tuple[ServerHarness, MountedSecret], pki: Pki
+) -> None:
+    """A Secret update (the kubelet's swap) is served to new connections; open ones go on."""
+    harness, secret = secret_server
+    assert await served_by(harness.target, pki) == "ca"
+    async with secure(harness.target, pki) as opened:
+        await snapshot(opened)
+        secret.write(pki.read("renewed.pem"), pki.read("renewed.key"))
+        assert await served_by(harness.target, pki) == "rogue-ca"
+        assert (await snapshot(opened)).node_name == NODE  # its session stands
+
+
+@pytest.mark.parametrize(
+    ("cert", "key", "why"),
+    [
+        ("renewed.pem", "server.key", "not a PEM certificate chain and its private key"),
+        ("renewed.pem", "encrypted.key", "tls.key is encrypted"),
+        ("server.csr", "server.key", "not a PEM certificate chain"),
+    ],
+    ids=["mismatched", "encrypted-key", "not-a-certificate"],
+)
+async def test_an_unusable_renewal_leaves_the_certificate_in_service(
+    secret_server: tuple[ServerHarness, MountedSecret],
+    pki: Pki,
+    caplog: pytest.LogCaptureFixture,
+    cert: str,
+    key: str,
+    why: str,
+) -> None:
+    """A bad update is logged once and the previous pair goes on serving; a fix is taken up."""
+    harness, secret = secret_server
+    secret.write(pki.read(cert), pki.read(key))
+    with caplog.at_level(logging.ERROR, logger="server.certificates"):
+        for _ in range(3):  # three new connections, one log line
+            assert await served_by(harness.target, pki) == "ca"
+    errors = [r.getMessage() for r in caplog.records if r.name == "server.certificates"]
+    assert len(errors) == 1, errors
+    assert why in errors[0]
+    assert "still serving" in errors[0]
+    secret.write(pki.read("renewed.pem"), pki.read("renewed.key"))
+    assert await served_by(harness.target, pki) == "rogue-ca"
+
+
+async def test_a_deleted_secret_leaves_the_certificate_in_service(
+    secret_server: tuple[ServerHarness, MountedSecret],
+    pki: Pki,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Files gone (links dangling) are logged once; the loaded pair goes on serving."""
+    harness, secret = secret_server
+    (secret.directory / "..data").unlink()
+    with caplog.at_level(logging.ERROR, logger="server.certificates"):
+        for _ in range(3):
+            assert await served_by(harness.target, pki) == "ca"
+    errors = [r.getMessage() for r in caplog.records if r.name == "server.certificates"]
+    assert len(errors) == 1, errors
+    assert "cannot read the TLS files" in errors[0]
+
+
+@pytest.mark.parametrize(
+    ("cert", "key", "client_ca", "why"),
+    [
+        ("server.pem", "client.key", None, "not a PEM certificate chain and its private key"),
+        ("server.pem", "encrypted.key", None, "encrypted.key is encrypted"),
+        ("server.pem", "server.key", "server.key", "client CA file is not PEM certificates"),
+    ],
+    ids=["mismatched", "encrypted-key", "client-ca-not-a-certificate"],
+)
+async def test_unusable_tls_files_fail_the_start(
+    pki: Pki, cert: str, key: str, client_ca: str | None, why: str
+) -> None:
+    """At start-up the checks that keep a bad renewal out fail the start, naming the files."""
+    extra = {"grpc_tls_cert": pki.path(cert), "grpc_tls_key": pki.path(key)}
+    if client_ca:
+        extra["grpc_tls_client_ca"] = pki.path(client_ca)
+    settings = settings_for("127.0.0.1:0", extra=extra)
+    harness = None
+    with pytest.raises(ServeError, match=rf"cannot listen on 127\.0\.0\.1:0: .*{why}"):
+        async with running(settings=settings) as harness:
+            pass
+    assert harness is None

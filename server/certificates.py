@@ -1,0 +1,138 @@
+"""TLS credentials for the TCP listeners, kept current with their files.
+
+Certificates are renewed in place: cert-manager rewrites the Secret and the
+kubelet swaps the mounted files atomically. gRPC asks for the certificate
+configuration before every new TLS handshake, so the agent re-reads the
+files when they have changed, and serves the renewed pair without a restart.
+Connections already open keep the session they negotiated.
+
+A renewal that cannot be used (a half-written or mismatched pair, a file that
+is missing or unreadable, a client CA that is not PEM) is logged once and the
+pair in service stays in service: clients keep being served until the files
+are fixed. At start-up the same checks fail the start instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from agent.errors import CapwatchError
+from server.settings import TlsFiles
+
+log = logging.getLogger(__name__)
+
+# Per file: (device, inode, size, modification time). The kubelet's swap gives
+# every file a new inode, so a renewal is seen even within one second.
+Signature = tuple[tuple[int, int, int, int], ...]
+
+
+class CertificateError(CapwatchError):
+    """A certificate, key or client CA file cannot be used."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Pair:
+    signature: Signature
+    configuration: grpc.ServerCertificateConfiguration
+
+
+class ReloadingCertificates:
+    """Server credentials whose certificate follows the files in ``tls``."""
+
+    def __init__(self, tls: TlsFiles) -> None:
+        self._tls = tls
+        self._paths = tuple(p for p in (tls.cert, tls.key, tls.client_ca) if p is not None)
+        self._lock = threading.Lock()  # the fetcher runs on grpc's own threads
+        first = self._load()  # raises CertificateError: the start fails
+        self._initial = first.configuration
+        self._serving = first.signature
+        self._rejected: Signature | str | None = None  # the last bad state logged
+        self.reloads = 0
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(
+            self._initial,
+            # grpc documents None as "keep the current configuration"; the type
+            # stubs leave it out.
+            self._fetch,  # type: ignore[arg-type]
+            require_client_authentication=self._tls.client_ca is not None,
+        )
+
+    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """Called by grpc before each handshake: a new configuration, or None to keep it."""
+        try:
+            signature = self._signature()
+        except OSError as exc:  # e.g. the Secret was deleted: its links dangle
+            self._reject(str(exc), f"cannot read the TLS files: {exc}")
+            return None
+        with self._lock:
+            if signature in (self._serving, self._rejected):
+                return None
+        try:
+            pair = self._load()
+        except CertificateError as exc:
+            self._reject(signature, str(exc))
+            return None
+        with self._lock:
+            self._serving, self._rejected = pair.signature, None
+            self.reloads += 1
+        log.info("grpc TLS certificate reloaded from %s", self._tls.cert)
+        return pair.configuration
+
+    def _reject(self, state: Signature | str, why: str) -> None:
+        with self._lock:
+            if state == self._rejected:
+                return  # said once per bad state, not once per connection
+            self._rejected = state
+        log.error("%s; still serving the certificate loaded before", why)
+
+    def _signature(self) -> Signature:
+        stats = (os.stat(path) for path in self._paths)
+        return tuple((s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns) for s in stats)
+
+    def _load(self) -> _Pair:
+        """Read and check the files; what grpc gets is what was checked."""
+        tls = self._tls
+        try:
+            before = self._signature()
+            cert, key = tls.cert.read_bytes(), tls.key.read_bytes()
+            client_ca = tls.client_ca.read_bytes() if tls.client_ca else None
+            _check(tls.cert, tls.key, client_ca)
+            if self._signature() != before:
+                raise CertificateError("the TLS files changed while being read")
+        except OSError as exc:
+            raise CertificateError(f"cannot read the TLS files: {exc}") from exc
+        return _Pair(
+            signature=before,
+            configuration=grpc.ssl_server_certificate_configuration(
+                [(key, cert)], root_certificates=client_ca
+            ),
+        )
+
+
+def _check(cert: Path, key: Path, client_ca: bytes | None) -> None:
+    """What grpc would only find out at the next handshake, found out now."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+
+    def no_password() -> bytes:  # an encrypted key is an error, not a prompt on stdin
+        raise CertificateError(f"{key} is encrypted (keys are read without a passphrase)")
+
+    try:
+        context.load_cert_chain(cert, key, password=no_password)
+    except (ssl.SSLError, ValueError) as exc:
+        raise CertificateError(
+            f"{cert} and {key} are not a PEM certificate chain and its private key: {exc}"
+        ) from exc
+    if client_ca is None:
+        return
+    try:
+        context.load_verify_locations(cadata=client_ca.decode("ascii"))
+    except (ssl.SSLError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise CertificateError(f"the client CA file is not PEM certificates: {exc}") from exc
