@@ -9,7 +9,7 @@ import pytest
 from agent.settings import BackendKind, LogFormat, agent_settings
 from server.cli import _parser  # the real `capwatch` parser: what the image will accept
 from server.settings import server_settings
-from tests.chart.support import Manifests, ports
+from tests.chart.support import VARIANTS, Manifests, ports
 
 SOCKET = "unix:///run/capwatch/agent.sock"
 PROBE_KEYS = ("readinessProbe", "livenessProbe", "startupProbe")
@@ -33,7 +33,7 @@ def test_probe_port_is_the_shims_named_readyz_port(default: Manifests) -> None:
     assert {"name": "CAPWATCH_READYZ_PORT", "value": "8081"} in shim["env"]
 
 
-@pytest.mark.parametrize("variant", ["default", "namespaced-monitored", "metrics-off"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_no_liveness_or_startup_probe_anywhere(
     rendered: dict[str, Manifests], variant: str
 ) -> None:
@@ -217,3 +217,39 @@ def test_rendered_agent_flags_are_accepted_by_the_real_cli(default: Manifests) -
         settings.shutdown_grace_s + serving.grace_s
         < default.pod_spec["terminationGracePeriodSeconds"]
     )
+
+
+def test_tls_secrets_reach_the_agent_as_renewable_files(rendered: dict[str, Manifests]) -> None:
+    """grpc.tls mounts the Secrets whole (renewals update in place) and passes their files."""
+    tls = rendered["tls"]
+    agent = tls.container("agent")
+    flags = [a for a in agent["args"] if a.startswith("--grpc-tls-")]
+    assert flags == [
+        "--grpc-tls-cert=/etc/capwatch/tls/tls.crt",
+        "--grpc-tls-key=/etc/capwatch/tls/tls.key",
+        "--grpc-tls-client-ca=/etc/capwatch/client-ca/ca.crt",
+    ]
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    for name, path in (
+        ("grpc-tls", "/etc/capwatch/tls"),
+        ("grpc-client-ca", "/etc/capwatch/client-ca"),
+    ):
+        assert mounts[name] == {"name": name, "mountPath": path, "readOnly": True}  # no subPath
+    assert tls.volume("grpc-tls")["secret"] == {
+        "secretName": "capwatch-grpc-tls",
+        "defaultMode": 0o400,
+        "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}],
+    }
+    assert tls.volume("grpc-client-ca")["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    # The shim talks to the plaintext socket and mounts no certificate.
+    assert {m["name"] for m in tls.container("readyz")["volumeMounts"]} == {"sockets"}
+    assert _parser().parse_args(agent["args"]).grpc_tls_client_ca == (
+        "/etc/capwatch/client-ca/ca.crt"
+    )
+
+
+def test_no_tls_by_default(default: Manifests) -> None:
+    """Without grpc.tls the agent gets no TLS flags and no certificate volumes."""
+    agent = default.container("agent")
+    assert not [a for a in agent["args"] if a.startswith("--grpc-tls-")]
+    assert not {"grpc-tls", "grpc-client-ca"} & {v["name"] for v in default.pod_spec["volumes"]}

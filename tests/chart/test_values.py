@@ -31,6 +31,8 @@ GRACE_MESSAGE = "terminationGracePeriodSeconds must be at least 60, got 30"
         (("--set", "image.pullPolicy=Sometimes"), "/image/pullPolicy"),
         (("--set", "rbac.namespaced=yes"), "/rbac/namespaced"),
         (("--set", "agnet.interval=5"), "agnet"),
+        (("--set", "grpc.tls.clientCA.key="), "/grpc/tls/clientCA/key"),
+        (("--set", "grpc.tls.secretname=x"), "secretname"),
     ],
 )
 def test_schema_rejects_bad_values(helm: Helm, args: tuple[str, ...], where: str) -> None:
@@ -69,6 +71,10 @@ def test_longer_grace_period_is_honoured(helm: Helm) -> None:
         ),
         (("--set", "metrics.port=50051"), "must all differ"),
         (("--set", "grpc.port=8081"), "must all differ"),
+        (
+            ("--set", "grpc.tls.clientCA.secretName=ca"),
+            "grpc.tls.clientCA.secretName needs grpc.tls.secretName",
+        ),
     ],
 )
 def test_inconsistent_values_fail_rendering(
