@@ -16,17 +16,21 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from agent.errors import CapwatchError, ConfigError
-from agent.settings import add_agent_arguments, agent_settings
-from server.demo import add_demo_arguments, run_demo
-from server.launch import run_agent
-from server.logs import configure_logging
-from server.settings import add_server_arguments, server_settings
-from server.shim import add_shim_arguments, main_shim
-from server.watch import add_watch_arguments, run_watch, watch_settings
 
 log = logging.getLogger("capwatch")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+# Each subcommand's modules are imported only when it runs (or when its options
+# are defined): the readiness shim, a container of its own in every agent pod,
+# would otherwise load the agent, the simulator and prometheus_client it never
+# uses (about 7 MiB of its 48 MiB request).
+COMMANDS = {
+    "agent": "run the node agent",
+    "demo": "run the agent on simulated GPUs and print every cycle as a table",
+    "watch": "follow an agent's health stream: a table per cycle, or JSON lines",
+    "shim": "serve GET /readyz for the kubelet from the agent's stream",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,49 +40,76 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with ``only``, the options of that subcommand alone."""
     parser = _Parser(prog="capwatch", description="GPU power-cap agent for Kubernetes nodes.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    agent = commands.add_parser("agent", help="run the node agent")
-    add_agent_arguments(agent)
-    add_server_arguments(agent)
-    demo = commands.add_parser(
-        "demo", help="run the agent on simulated GPUs and print every cycle as a table"
-    )
-    add_demo_arguments(demo)
-    watch = commands.add_parser(
-        "watch", help="follow an agent's health stream: a table per cycle, or JSON lines"
-    )
-    add_watch_arguments(watch)
-    shim = commands.add_parser(
-        "shim", help="serve GET /readyz for the kubelet from the agent's stream"
-    )
-    add_shim_arguments(shim)
+    for name, summary in COMMANDS.items():
+        command = commands.add_parser(name, help=summary)
+        if only in (None, name):
+            _add_arguments(name, command)
     return parser
+
+
+def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    if command == "agent":
+        from agent.settings import add_agent_arguments
+        from server.settings import add_server_arguments
+
+        add_agent_arguments(parser)
+        add_server_arguments(parser)
+    elif command == "demo":
+        from server.demo import add_demo_arguments
+
+        add_demo_arguments(parser)
+    elif command == "watch":
+        from server.watch import add_watch_arguments
+
+        add_watch_arguments(parser)
+    else:
+        from server.shim import add_shim_arguments
+
+        add_shim_arguments(parser)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
-    parser = _parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    only = argv[0] if argv and argv[0] in COMMANDS else None
+    args = _parser(only).parse_args(argv)
     prog = f"capwatch {args.command}"
     try:
-        if args.command == "agent":
-            settings = agent_settings(args, environ)
-            serving = server_settings(args, environ)
-            configure_logging(settings.log_level, settings.log_format)
-            return asyncio.run(run_agent(settings, serving))
-        if args.command == "shim":
-            return main_shim(args, environ)
-        if args.command == "watch":
-            return run_watch(watch_settings(args, environ))
-        return run_demo(args)
+        return _run(args, environ)
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except CapwatchError as exc:
         print(f"{prog}: cannot start: {exc}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    if args.command == "agent":
+        from agent.settings import agent_settings
+        from server.launch import run_agent
+        from server.logs import configure_logging
+        from server.settings import server_settings
+
+        settings = agent_settings(args, environ)
+        serving = server_settings(args, environ)
+        configure_logging(settings.log_level, settings.log_format)
+        return asyncio.run(run_agent(settings, serving))
+    if args.command == "shim":
+        from server.shim import main_shim
+
+        return main_shim(args, environ)
+    if args.command == "watch":
+        from server.watch import run_watch, watch_settings
+
+        return run_watch(watch_settings(args, environ))
+    from server.demo import run_demo
+
+    return run_demo(args)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ from server.gen.v1 import dra_health_pb2 as v1_pb
 from server.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
-from server.watching import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
+from server.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
 
 __all__ = [
     "Backoff",

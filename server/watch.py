@@ -38,9 +38,9 @@ from server.client import (
     Snapshot,
 )
 from server.gen.capwatch.v1 import node_health_pb2 as pb
+from server.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
 from server.settings import DEFAULT_SOCKET, host_port
 from server.tables import render_cycle, render_devices, render_heartbeat, render_snapshot
-from server.watching import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
 
 EXIT_OK, EXIT_FAILED = 0, 1
 DEFAULT_TARGET = f"unix://{DEFAULT_SOCKET}"

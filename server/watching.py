@@ -19,16 +19,13 @@ from agent.devices import DeviceState
 from agent.reports import CycleReport
 from server.encoding import EncodedCycle, encode_cycle, encode_readiness
 from server.gen.capwatch.v1 import node_health_pb2 as pb
+from server.limits import MAX_FILTER_UUIDS, MAX_HEARTBEAT_S, MAX_UUID_LENGTH, MIN_HEARTBEAT_S
 from server.mapping import Include
 from server.mapping import heartbeat as heartbeat_message
 from server.publication import Publication, View
 
 log = logging.getLogger(__name__)
 
-MIN_HEARTBEAT_S = 0.05
-MAX_HEARTBEAT_S = 3600.0
-MAX_FILTER_UUIDS = 256
-MAX_UUID_LENGTH = 128
 # The default heartbeat comes 1.5 intervals after a stream's last message: a
 # heartbeat timed at exactly one interval would fire, for every subscriber at
 # once, just as the next cycle lands (the loop sleeps one interval between

@@ -71,6 +71,45 @@ def test_unknown_flag_is_one_line_too(capsys):
     assert "unrecognized arguments: --intervall" in err
 
 
+def test_the_shim_loads_none_of_the_agents_modules():
+    """`capwatch shim` imports its own modules only: no agent loop, simulator, Kubernetes
+    client, YAML or Prometheus client in the readiness container's memory."""
+    probe = (
+        "import sys; from server import cli; "
+        "cli._parser('shim').parse_args(['shim', '--target', 'unix:///run/x.sock']); "
+        "from server.shim import main_shim; "  # what cli._run imports for the shim
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = set(done.stdout.split())
+    assert "server.shim" in loaded
+    heavy = {
+        "server.launch",
+        "server.serving",
+        "server.watching",
+        "server.metrics",
+        "agent.reconciling",
+        "agent.simulation",
+        "agent.kubernetes",
+        "kubernetes",
+        "yaml",
+        "prometheus_client",
+    }
+    assert loaded & heavy == set()
+
+
+def test_help_lists_every_command(capsys):
+    """`capwatch --help` names all four subcommands without loading any of them."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("agent", "demo", "watch", "shim"):
+        assert command in out
+
+
 def test_invalid_scenario_names_the_bad_key(tmp_path: Path, capsys):
     """A scenario with a bad key fails start-up with exit 2 and the key's path."""
     bad = tmp_path / "bad.yaml"
