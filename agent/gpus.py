@@ -38,7 +38,6 @@ class GpuErrorClass(str, Enum):
     GPU_IS_LOST = "gpu_is_lost"
     RESET_REQUIRED = "reset_required"
     IN_USE = "in_use"
-    HANG = "hang"  # the call did not return in time (simulated, or a watchdog)
     UNKNOWN = "unknown"
 
 

@@ -39,7 +39,6 @@ class Reason(str, Enum):
     RELEASE_FAILED = "release_failed"
     RELEASE_DEFERRED = "release_deferred"
     INTERNAL_ERROR = "internal_error"
-    SHUTDOWN = "shutdown"
 
 
 class CapSource(str, Enum):
