@@ -18,6 +18,7 @@ from agent.attribution import Attributor, FsProcRoot
 from agent.clock import Clock, SystemClock
 from agent.devices import inventory
 from agent.errors import BackendUnavailable, CapwatchError, PodViewError
+from agent.forgetting import ForgetRequests
 from agent.gpus import GpuBackend, GpuError
 from agent.hub import Hub
 from agent.lifecycle import Agent
@@ -96,6 +97,7 @@ def _assemble(
         initial_device_count=count,
         release_unowned_idle=status is LoadStatus.UNREADABLE,
         listeners=parts.listeners,
+        forget=ForgetRequests(settings.state_dir),
     )
     hub = Hub(
         clock=clock,

@@ -155,6 +155,22 @@ class OwnershipStore:
             return True
 
 
+def read_records(state_dir: Path) -> dict[str, OwnershipRecord]:
+    """The record as the agent last persisted it, for another reader: no side effects
+    (an unreadable record is reported, not moved aside; that is the agent's call)."""
+    path = state_dir / FILE_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise OwnershipError(f"cannot read {path}: {exc}") from exc
+    try:
+        return _decode(raw)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise OwnershipError(f"{path} is unreadable: {exc}") from exc
+
+
 def _replace_index(record: OwnershipRecord, index: int) -> OwnershipRecord:
     return OwnershipRecord(
         uuid=record.uuid,

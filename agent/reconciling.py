@@ -31,6 +31,7 @@ from agent.attribution import Attributor
 from agent.capping import resolve_cap
 from agent.clock import Clock
 from agent.errors import PodViewError
+from agent.forgetting import ForgetRequests
 from agent.gpus import GpuBackend, GpuError, WriteOutcome, WriteResult
 from agent.ownership import OwnershipStore
 from agent.pods import PodInfo, PodRef, PodSnapshot, PodView
@@ -82,6 +83,7 @@ class Reconciler:
         initial_device_count: int,
         release_unowned_idle: bool = False,
         listeners: Sequence[CycleListener] = (),
+        forget: ForgetRequests | None = None,
     ) -> None:
         self._backend = backend
         self._pods = pods
@@ -95,6 +97,7 @@ class Reconciler:
         # over all of them succeeds.
         self._release_unowned_idle = release_unowned_idle
         self._listeners = tuple(listeners)
+        self._forget = forget  # operators' requests to forget vanished GPUs
         self._sequence = 0
         self._shutdown = threading.Event()
 
@@ -156,6 +159,8 @@ class Reconciler:
             all_idle_released &= not result.failed
             cycle.add(result)
 
+        if self._forget is not None:
+            self._forget.apply(self._store, seen)
         for record in self._store.records().values():
             if record.uuid not in seen:
                 cycle.add(

@@ -119,6 +119,15 @@ def _log_level(flag: str, text: str) -> str:
     return level
 
 
+# Shared with `capwatch forget`, which writes into the agent's state directory.
+STATE_DIR_OPTION = Option(
+    flag="--state-dir",
+    env="CAPWATCH_STATE_DIR",
+    default=str(DEFAULT_STATE_DIR),
+    convert=path,
+    help="directory for the ownership record (a hostPath in the DaemonSet)",
+)
+
 _OPTIONS = (
     Option(
         flag="--node-name",
@@ -162,13 +171,7 @@ _OPTIONS = (
         convert=_annotation_key,
         help="pod annotation holding the requested cap in integer watts",
     ),
-    Option(
-        flag="--state-dir",
-        env="CAPWATCH_STATE_DIR",
-        default=str(DEFAULT_STATE_DIR),
-        convert=path,
-        help="directory for the ownership record (a hostPath in the DaemonSet)",
-    ),
+    STATE_DIR_OPTION,
     Option(
         flag="--proc-root",
         env="CAPWATCH_PROC_ROOT",

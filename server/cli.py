@@ -1,4 +1,4 @@
-"""The ``capwatch`` command line: ``agent``, ``shim``, ``watch`` and ``demo``.
+"""The ``capwatch`` command line: ``agent``, ``shim``, ``watch``, ``demo`` and ``forget``.
 
 Configuration errors print one line (``capwatch agent: error: --interval: ...``)
 and exit 2; an agent that cannot start (no GPUs, no NVML) exits 1; a stop by
@@ -30,6 +30,7 @@ COMMANDS = {
     "demo": "run the agent on simulated GPUs and print every cycle as a table",
     "watch": "follow an agent's health stream: a table per cycle, or JSON lines",
     "shim": "serve GET /readyz for the kubelet from the agent's stream",
+    "forget": "tell the agent on this node that a GPU it capped is gone for good",
 }
 
 
@@ -66,10 +67,14 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         from server.watch import add_watch_arguments
 
         add_watch_arguments(parser)
-    else:
+    elif command == "shim":
         from server.shim import add_shim_arguments
 
         add_shim_arguments(parser)
+    else:
+        from agent.forgetting import add_forget_arguments
+
+        add_forget_arguments(parser)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -107,6 +112,10 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         from server.watch import run_watch, watch_settings
 
         return run_watch(watch_settings(args, environ))
+    if args.command == "forget":
+        from agent.forgetting import run_forget
+
+        return run_forget(args, environ, sys.stdout)
     from server.demo import run_demo
 
     return run_demo(args)
