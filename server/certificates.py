@@ -38,6 +38,14 @@ class CertificateError(CapwatchError):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Reloads:
+    """Renewals taken up, and bad states of the files refused (each counted once)."""
+
+    loaded: int
+    rejected: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class _Pair:
     signature: Signature
     configuration: grpc.ServerCertificateConfiguration
@@ -54,7 +62,12 @@ class ReloadingCertificates:
         self._initial = first.configuration
         self._serving = first.signature
         self._rejected: Signature | str | None = None  # the last bad state logged
-        self.reloads = 0
+        self._loaded_count = 0
+        self._rejected_count = 0
+
+    def reloads(self) -> Reloads:
+        with self._lock:
+            return Reloads(loaded=self._loaded_count, rejected=self._rejected_count)
 
     def credentials(self) -> grpc.ServerCredentials:
         return grpc.dynamic_ssl_server_credentials(
@@ -82,15 +95,16 @@ class ReloadingCertificates:
             return None
         with self._lock:
             self._serving, self._rejected = pair.signature, None
-            self.reloads += 1
+            self._loaded_count += 1
         log.info("grpc TLS certificate reloaded from %s", self._tls.cert)
         return pair.configuration
 
     def _reject(self, state: Signature | str, why: str) -> None:
         with self._lock:
             if state == self._rejected:
-                return  # said once per bad state, not once per connection
+                return  # said (and counted) once per bad state, not once per connection
             self._rejected = state
+            self._rejected_count += 1
         log.error("%s; still serving the certificate loaded before", why)
 
     def _signature(self) -> Signature:

@@ -54,7 +54,9 @@ async def run_agent(
     metrics = None
     if server_settings.metrics_port is not None:
         metrics = MetricsServer(
-            metrics=Metrics(publication=publication),
+            metrics=Metrics(
+                publication=publication, certificate_reloads=server.certificate_reloads
+            ),
             address=server_settings.metrics_address,
             port=server_settings.metrics_port,
             on_fatal=stop.set,

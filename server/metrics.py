@@ -58,6 +58,7 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
+from server.certificates import Reloads
 from server.publication import Publication
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,13 @@ def package_version() -> str:
 class Metrics:
     """The registry, and the fold of reports into it (on the event loop, never the cycle)."""
 
-    def __init__(self, *, publication: Publication, version: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        publication: Publication,
+        version: str | None = None,
+        certificate_reloads: Callable[[], Reloads | None] = lambda: None,
+    ) -> None:
         # _created series double the count of every counter for nothing a
         # dashboard uses; the switch is process-wide, and this process is ours.
         disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -200,6 +207,7 @@ class Metrics:
             _ScrapeCollector(
                 publication=publication,
                 caps=lambda: self._caps,
+                certificate_reloads=certificate_reloads,
                 info={
                     "version": version or package_version(),
                     "node": publication.node_name,
@@ -277,10 +285,12 @@ class _ScrapeCollector(Collector):
         *,
         publication: Publication,
         caps: Callable[[], Mapping[int, GpuCaps]],
+        certificate_reloads: Callable[[], Reloads | None],
         info: dict[str, str],
     ) -> None:
         self._pub = publication
         self._caps = caps
+        self._certificate_reloads = certificate_reloads
         self._info = info
 
     def describe(self) -> Iterable[Metric]:
@@ -314,6 +324,19 @@ class _ScrapeCollector(Collector):
             labels=labels,
         )
         families: list[Metric] = [info, age, ready, subscribers, messages, resolved, applied]
+        # Only with TLS: a series of renewals on a plaintext port would mean nothing.
+        reloads = self._certificate_reloads()
+        if reloads is not None:
+            tls = CounterMetricFamily(
+                "capwatch_grpc_tls_reloads",
+                "TLS certificate files on the gRPC port taken up (loaded) or refused "
+                "(rejected: the previous pair stays in service; each bad state once).",
+                labels=["result"],
+            )
+            families.append(tls)
+            if populated:
+                tls.add_metric(["loaded"], float(reloads.loaded))
+                tls.add_metric(["rejected"], float(reloads.rejected))
         if not populated:
             return families
         hub = self._pub.hub

@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.errors import CapwatchError
 from server import watching
-from server.certificates import CertificateError, ReloadingCertificates
+from server.certificates import CertificateError, ReloadingCertificates, Reloads
 from server.dra import DraV1alpha1Servicer, DraV1Servicer
 from server.gen.capwatch.v1 import node_health_pb2
 from server.gen.v1 import dra_health_pb2 as v1_pb
@@ -96,6 +96,10 @@ class AgentServer:
     @property
     def publication(self) -> Publication:
         return self._pub
+
+    def certificate_reloads(self) -> Reloads | None:
+        """TLS renewals taken up and refused; None without TLS."""
+        return None if self._certificates is None else self._certificates.reloads()
 
     async def start(self) -> None:
         """Bind every listener and start serving. Raises ServeError; binds all or none."""

@@ -24,6 +24,7 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
+from server.certificates import Reloads
 from server.exposition import MetricsServer
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
@@ -352,3 +353,19 @@ async def test_a_follower_that_dies_stops_the_agent_but_a_release_does_not():
         await harness.server.stop()
     assert fatal == ["stop"]
     assert quiet == []
+
+
+async def test_tls_reloads_are_exposed_only_when_tls_is_on():
+    """capwatch_grpc_tls_reloads_total{result} reads the server's counts at scrape time;
+    a plaintext agent has no such series."""
+    harness = await start_harness()
+    try:
+        counts = Reloads(loaded=2, rejected=1)
+        with_tls = Metrics(publication=harness.publication, certificate_reloads=lambda: counts)
+        found = scrape(with_tls.registry)
+        assert value(found, "capwatch_grpc_tls_reloads_total", result="loaded") == 2
+        assert value(found, "capwatch_grpc_tls_reloads_total", result="rejected") == 1
+        plain = scrape(Metrics(publication=harness.publication).registry)
+        assert not series_of(plain, "capwatch_grpc_tls_reloads_total")
+    finally:
+        await harness.server.stop()

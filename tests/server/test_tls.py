@@ -19,6 +19,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from server.certificates import Reloads
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from server.serving import ServeError
@@ -162,6 +163,12 @@ async def test_plaintext_client_cannot_talk_to_a_tls_listener(
     )
 
 
+async def test_plaintext_servers_report_no_certificate_reloads(tmp_path: Path) -> None:
+    """Without TLS there is nothing to reload: None, so metrics leave the series out."""
+    async with running(settings=settings_for("127.0.0.1:0")) as harness:
+        assert harness.server.certificate_reloads() is None
+
+
 async def test_unix_socket_stays_plaintext_under_tls(tls_server: ServerHarness) -> None:
     """TLS applies to TCP listeners only: the local socket serves plaintext (modes guard it)."""
     unix = next(a for a in tls_server.server.addresses if a.startswith("unix:"))
@@ -254,11 +261,13 @@ async def test_a_renewed_certificate_is_served_without_a_restart(
     """A Secret update (the kubelet's swap) is served to new connections; open ones go on."""
     harness, secret = secret_server
     assert await served_by(harness.target, pki) == "ca"
+    assert harness.server.certificate_reloads() == Reloads(loaded=0, rejected=0)
     async with secure(harness.target, pki) as opened:
         await snapshot(opened)
         secret.write(pki.read("renewed.pem"), pki.read("renewed.key"))
         assert await served_by(harness.target, pki) == "rogue-ca"
         assert (await snapshot(opened)).node_name == NODE  # its session stands
+    assert harness.server.certificate_reloads() == Reloads(loaded=1, rejected=0)
 
 
 @pytest.mark.parametrize(
@@ -288,8 +297,10 @@ async def test_an_unusable_renewal_leaves_the_certificate_in_service(
     assert len(errors) == 1, errors
     assert why in errors[0]
     assert "still serving" in errors[0]
+    assert harness.server.certificate_reloads() == Reloads(loaded=0, rejected=1)
     secret.write(pki.read("renewed.pem"), pki.read("renewed.key"))
     assert await served_by(harness.target, pki) == "rogue-ca"
+    assert harness.server.certificate_reloads() == Reloads(loaded=1, rejected=1)
 
 
 async def test_a_deleted_secret_leaves_the_certificate_in_service(
