@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from agent.gpus import GpuBackend
 from agent.hub import Hub
 from agent.pods import PodView
-from agent.reconciling import Reconciler
+from agent.reconciling import InFlightWrite, Reconciler
 from agent.reports import GpuResult
 from agent.running import AgentLoop, CycleThread
 
@@ -36,6 +36,8 @@ class ShutdownSummary:
     cycle_finished: bool  # False: the in-flight cycle was still hung at the deadline
     restored: tuple[GpuResult, ...]
     restore_finished: bool
+    # The hung cycle's write, which may still land after the restore sweep.
+    in_flight: InFlightWrite | None = None
 
     @property
     def clean(self) -> bool:
@@ -115,6 +117,7 @@ class Agent:
                     "in-flight cycle did not finish within %.1fs; restoring anyway", self._grace
                 )
                 self._task.cancel()
+        in_flight = None if cycle_finished else self.reconciler.in_flight_write
         restored, restore_finished = await self._restore()
         for result in restored:
             log.info(
@@ -124,10 +127,25 @@ class Agent:
                 result.outcome.value,
                 result.reason.value,
             )
+        if in_flight is not None:
+            # Nothing can stop a call stuck in the driver: if it returns, its write
+            # lands after the restore above. Say so, naming the GPU.
+            log.error(
+                "shutdown: a %s on gpu=%d uuid=%s never returned and may still take effect; "
+                "check that GPU's power limit",
+                "restore of the default limit"
+                if in_flight.milliwatts is None
+                else f"cap write of {in_flight.milliwatts} mW",
+                in_flight.index,
+                in_flight.uuid,
+            )
         self._cycle_thread.close()
         self._close_all()
         return ShutdownSummary(
-            cycle_finished=cycle_finished, restored=restored, restore_finished=restore_finished
+            cycle_finished=cycle_finished,
+            restored=restored,
+            restore_finished=restore_finished,
+            in_flight=in_flight,
         )
 
     async def _restore(self) -> tuple[tuple[GpuResult, ...], bool]:

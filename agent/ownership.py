@@ -123,6 +123,17 @@ class OwnershipStore:
             )
             self._dirty = True
 
+    def reinstate(self, uuid: str, record: OwnershipRecord | None) -> None:
+        """Put back what the record held for ``uuid`` before a claim (None: nothing)."""
+        with self._lock:
+            if self._records.get(uuid) == record:
+                return
+            if record is None:
+                self._records.pop(uuid, None)
+            else:
+                self._records[uuid] = record
+            self._dirty = True
+
     def release(self, uuid: str) -> None:
         with self._lock:
             if self._records.pop(uuid, None) is not None:

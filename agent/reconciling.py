@@ -63,6 +63,15 @@ class CycleListener(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
+class InFlightWrite:
+    """A power-limit write the cycle started and has not seen return."""
+
+    index: int
+    uuid: str
+    milliwatts: int | None  # None: restoring the default
+
+
+@dataclass(frozen=True, kw_only=True)
 class Policy:
     annotation_key: str
     safe_default_watts: int
@@ -98,8 +107,16 @@ class Reconciler:
         self._release_unowned_idle = release_unowned_idle
         self._listeners = tuple(listeners)
         self._forget = forget  # operators' requests to forget vanished GPUs
+        # Set by the cycle thread around each write, read by the shutdown sweep
+        # (one reference assignment: no lock needed).
+        self._in_flight: InFlightWrite | None = None
         self._sequence = 0
         self._shutdown = threading.Event()
+
+    @property
+    def in_flight_write(self) -> InFlightWrite | None:
+        """The cycle's write that has not returned, if one is under way (a hung call)."""
+        return self._in_flight
 
     @property
     def sequence(self) -> int:
@@ -217,13 +234,24 @@ class Reconciler:
             safe_default_watts=self._policy.safe_default_watts,
             constraints=constraints,
         )
-        written = self._backend.set_limit(index, uuid=uuid, milliwatts=decision.target_milliwatts)
-        if written.outcome in (WriteOutcome.OK, WriteOutcome.FAILED):
-            # A failed write may still have taken effect (a timeout, say); claiming
-            # it means a later release restores the default, which is harmless.
-            self._store.claim(
-                uuid=uuid, index=index, owners=owners, target_milliwatts=decision.target_milliwatts
+        # Claimed before writing: a write that fails (a timeout, say), hangs, or
+        # is cut short by a shutdown may still take effect, and what the record
+        # holds is what a release and the shutdown sweep restore. Restoring a
+        # default that was never changed is harmless.
+        self._store.claim(
+            uuid=uuid, index=index, owners=owners, target_milliwatts=decision.target_milliwatts
+        )
+        self._in_flight = InFlightWrite(
+            index=index, uuid=uuid, milliwatts=decision.target_milliwatts
+        )
+        try:
+            written = self._backend.set_limit(
+                index, uuid=uuid, milliwatts=decision.target_milliwatts
             )
+        finally:
+            self._in_flight = None
+        if written.outcome not in (WriteOutcome.OK, WriteOutcome.FAILED):
+            self._store.reinstate(uuid, owned)  # refused before writing: nothing changed
         enforced = GpuResult(
             index=index,
             uuid=uuid,
@@ -250,8 +278,17 @@ class Reconciler:
             applied_watts=None,
         )
 
-    def _release(self, index: int, uuid: str, owners: tuple[PodRef, ...]) -> GpuResult:
-        written = self._backend.restore_default(index, uuid=uuid)
+    def _release(
+        self, index: int, uuid: str, owners: tuple[PodRef, ...], *, sweep: bool = False
+    ) -> GpuResult:
+        if sweep:  # the shutdown sweep's own writes, on its own thread
+            written = self._backend.restore_default(index, uuid=uuid)
+        else:
+            self._in_flight = InFlightWrite(index=index, uuid=uuid, milliwatts=None)
+            try:
+                written = self._backend.restore_default(index, uuid=uuid)
+            finally:
+                self._in_flight = None
         if written.ok:
             self._store.release(uuid)
             return GpuResult(
@@ -313,7 +350,7 @@ class Reconciler:
                     )
                 )
                 continue
-            results.append(self._release(found, uuid, record.owners))
+            results.append(self._release(found, uuid, record.owners, sweep=True))
         self._store.flush()
         return tuple(results)
 

@@ -95,3 +95,21 @@ def test_no_temporary_files_left_behind(tmp_path: Path):
     store.claim(uuid="GPU-a", index=0, owners=(POD,), target_milliwatts=1)
     store.flush()
     assert sorted(p.name for p in tmp_path.iterdir()) == [FILE_NAME]
+
+
+def test_reinstate_puts_back_what_a_claim_replaced(tmp_path: Path):
+    """A claim undone (its write was refused before writing) leaves the record as it was:
+    absent stays absent, an earlier claim comes back with its own start time."""
+    clock = FakeClock()
+    store = OwnershipStore(tmp_path, clock=clock)
+    store.claim(uuid="GPU-a", index=0, owners=(), target_milliwatts=300_000)
+    before = store.get("GPU-a")
+    clock.advance(5)
+    store.claim(uuid="GPU-a", index=0, owners=(), target_milliwatts=250_000)
+    store.reinstate("GPU-a", before)
+    assert store.get("GPU-a") == before
+    store.claim(uuid="GPU-b", index=1, owners=(), target_milliwatts=300_000)
+    store.reinstate("GPU-b", None)
+    assert store.get("GPU-b") is None
+    assert store.flush()
+    assert set(json.loads(store.path.read_text())["gpus"]) == {"GPU-a"}

@@ -25,12 +25,12 @@ from tests.fakes.pods import StaticPodView
 pytestmark = pytest.mark.asyncio
 
 
-def build(tmp_path: Path, *, interval: float = 0.05, grace: float = 1.0):
+def build(tmp_path: Path, *, interval: float = 0.05, grace: float = 1.0, wrap=None):
     rig = SimRig(tmp_path / "proc")
     pods = StaticPodView(PODS)
     clock = SystemClock()
     reconciler = Reconciler(
-        backend=rig.backend,
+        backend=wrap(rig.backend) if wrap else rig.backend,
         pods=pods,
         attributor=Attributor(FsProcRoot(tmp_path / "proc")),
         store=OwnershipStore(tmp_path / "state", clock=clock),
@@ -137,3 +137,56 @@ async def test_stop_restores_owned_gpus_even_when_the_cycle_never_returns(tmp_pa
     assert summary.restore_finished
     assert rig.limit_mw(0) == DEFAULT_W * 1000
     release.set()
+
+
+class _StuckAfterWriting:
+    """A backend whose cap write on one GPU takes effect, then never returns (until
+    released): a call stuck in the driver, which no shutdown signal interrupts."""
+
+    def __init__(self, inner, index: int, release: threading.Event) -> None:
+        self._inner, self._index, self._release = inner, index, release
+        self.stuck = threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def set_limit(self, index: int, *, uuid: str, milliwatts: int):
+        written = self._inner.set_limit(index, uuid=uuid, milliwatts=milliwatts)
+        if index == self._index:
+            self.stuck.set()
+            self._release.wait(10)
+        return written
+
+
+async def test_a_cap_write_stuck_at_shutdown_is_restored_and_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A GPU whose first cap write took effect but never returned is restored by the
+    shutdown sweep (it was claimed before the write), and the stop names the write."""
+    release = threading.Event()
+    stuck: list[_StuckAfterWriting] = []
+
+    def wrap(inner):
+        stuck.append(_StuckAfterWriting(inner, 1, release))
+        return stuck[0]
+
+    rig, _, _, agent = build(tmp_path, interval=0.05, grace=0.3, wrap=wrap)
+    rig.run(1, {1002: POD_A.ref.uid})
+    stop = asyncio.Event()
+    agent.start(stop)
+    try:
+        await wait_until(stuck[0].stuck.is_set)
+        assert rig.limit_mw(1) == 350_000  # the write took effect; the call is stuck
+        stop.set()
+        summary = await agent.stop()
+    finally:
+        release.set()
+    assert not summary.cycle_finished
+    assert summary.in_flight is not None
+    assert (summary.in_flight.index, summary.in_flight.milliwatts) == (1, 350_000)
+    assert [r.index for r in summary.restored if r.outcome.value == "released"] == [1]
+    assert rig.limit_mw(1) == DEFAULT_W * 1000
+    assert any(
+        "never returned and may still take effect" in r.getMessage() and "gpu=1" in r.getMessage()
+        for r in caplog.records
+    )
