@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
+from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.clock import FakeClock
 from agent.devices import inventory
@@ -369,3 +373,32 @@ async def test_tls_reloads_are_exposed_only_when_tls_is_on():
         assert not series_of(plain, "capwatch_grpc_tls_reloads_total")
     finally:
         await harness.server.stop()
+
+
+def _metrics_doc() -> str:
+    return (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+
+
+async def test_docs_metrics_lists_every_family_with_its_type():
+    """docs/metrics.md has a row for each family the agent exposes (TLS on), with its type,
+    and no row for one it does not; the failure reasons listed are the pre-created ones."""
+    harness = await start_harness()
+    try:
+        metrics = Metrics(
+            publication=harness.publication,
+            certificate_reloads=lambda: Reloads(loaded=0, rejected=0),
+        )
+        exposed = {
+            family.name: family.type
+            for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        }
+    finally:
+        await harness.server.stop()
+    doc = _metrics_doc()
+    rows = dict(re.findall(r"^\| `(capwatch_\w+)` \| (\w+)", doc, flags=re.MULTILINE))
+    # The parser names counters without _total; the docs use the exposed sample name.
+    documented = {name.removesuffix("_total"): kind for name, kind in rows.items()}
+    assert documented == exposed
+    reasons_row = next(line for line in doc.splitlines() if "capwatch_apply_failures_total" in line)
+    listed = set(re.findall(r"`([a-z_]+)`", reasons_row.split("|")[4]))
+    assert listed == {reason.value for reason in FAILURE_REASONS}
