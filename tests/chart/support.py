@@ -30,7 +30,7 @@ VARIANTS: Mapping[str, tuple[str, ...]] = {
     "default": (),
     "namespaced-monitored": ("-f", str(CHART / "ci" / "namespaced-monitored-values.yaml")),
     "metrics-off": ("-f", str(CHART / "ci" / "metrics-off-values.yaml")),
-    "tls": ("-f", str(CHART / "ci" / "tls-values.yaml")),
+    "tls-netpol": ("-f", str(CHART / "ci" / "tls-netpol-values.yaml")),
 }
 
 

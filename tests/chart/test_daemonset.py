@@ -221,7 +221,7 @@ def test_rendered_agent_flags_are_accepted_by_the_real_cli(default: Manifests) -
 
 def test_tls_secrets_reach_the_agent_as_renewable_files(rendered: dict[str, Manifests]) -> None:
     """grpc.tls mounts the Secrets whole (renewals update in place) and passes their files."""
-    tls = rendered["tls"]
+    tls = rendered["tls-netpol"]
     agent = tls.container("agent")
     flags = [a for a in agent["args"] if a.startswith("--grpc-tls-")]
     assert flags == [

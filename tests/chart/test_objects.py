@@ -1,8 +1,9 @@
-"""RBAC, ServiceAccount, the headless Service and the optional ServiceMonitor, as rendered."""
+"""RBAC, ServiceAccount, the headless Service, and the optional ServiceMonitor and
+NetworkPolicy, as rendered."""
 
 from __future__ import annotations
 
-from tests.chart.support import NAMESPACE, Manifests
+from tests.chart.support import NAMESPACE, Helm, Manifests, ports
 
 POD_READ = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 
@@ -98,3 +99,42 @@ def test_service_monitor_is_off_by_default(rendered: dict[str, Manifests]) -> No
     """Without serviceMonitor.enabled no ServiceMonitor renders."""
     assert not rendered["default"].of_kind("ServiceMonitor")
     assert not rendered["metrics-off"].of_kind("ServiceMonitor")
+
+
+def test_network_policy_lets_in_the_probe_and_the_named_peers_only(
+    rendered: dict[str, Manifests],
+) -> None:
+    """With networkPolicy on: the agent pods' ingress is the readiness port from anywhere,
+    gRPC from grpcFrom and metrics from metricsFrom, by the containers' named ports."""
+    manifests = rendered["tls-netpol"]
+    policy = manifests.one("NetworkPolicy")
+    selector = manifests.one("DaemonSet")["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": selector}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = policy["spec"]["ingress"]
+    assert rules[0] == {"ports": [{"port": "readyz", "protocol": "TCP"}]}  # no from: anyone
+    by_port = {rule["ports"][0]["port"]: rule["from"] for rule in rules[1:]}
+    assert set(by_port) == {"grpc", "metrics"}
+    assert by_port["grpc"][0]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "capwatch-controller"}
+    }
+    assert by_port["metrics"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    named = {**ports(manifests.container("agent")), **ports(manifests.container("readyz"))}
+    assert {"readyz", "grpc", "metrics"} <= set(named)
+
+
+def test_network_policy_is_off_by_default_and_follows_metrics_off(
+    rendered: dict[str, Manifests], helm: Helm
+) -> None:
+    """No policy by default; with metrics off the policy has no metrics rule, and with no
+    peers named nothing but the probe gets in."""
+    assert not rendered["default"].of_kind("NetworkPolicy")
+    manifests = helm.render(
+        "--set", "networkPolicy.enabled=true",
+        "--set", "metrics.port=0",
+        "--set-json", 'networkPolicy.metricsFrom=[{"podSelector": {}}]',
+    )  # fmt: skip
+    rules = manifests.one("NetworkPolicy")["spec"]["ingress"]
+    assert rules == [{"ports": [{"port": "readyz", "protocol": "TCP"}]}]
