@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 Signature = tuple[tuple[int, int, int, int], ...]
 
 
+_READ_ATTEMPTS = 3
+
+
 class CertificateError(CapwatchError):
     """A certificate, key or client CA file cannot be used."""
 
@@ -112,22 +115,30 @@ class ReloadingCertificates:
         return tuple((s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns) for s in stats)
 
     def _load(self) -> _Pair:
-        """Read and check the files; what grpc gets is what was checked."""
+        """Read and check the files; what grpc gets is what was checked.
+
+        Files that change while being read (an update under way) are read
+        again: a few times, then it is an error like any other.
+        """
         tls = self._tls
-        try:
-            before = self._signature()
-            cert, key = tls.cert.read_bytes(), tls.key.read_bytes()
-            client_ca = tls.client_ca.read_bytes() if tls.client_ca else None
-            _check(tls.cert, tls.key, client_ca)
-            if self._signature() != before:
-                raise CertificateError("the TLS files changed while being read")
-        except OSError as exc:
-            raise CertificateError(f"cannot read the TLS files: {exc}") from exc
-        return _Pair(
-            signature=before,
-            configuration=grpc.ssl_server_certificate_configuration(
-                [(key, cert)], root_certificates=client_ca
-            ),
+        for _ in range(_READ_ATTEMPTS):
+            try:
+                before = self._signature()
+                cert, key = tls.cert.read_bytes(), tls.key.read_bytes()
+                client_ca = tls.client_ca.read_bytes() if tls.client_ca else None
+                _check(tls.cert, tls.key, client_ca)
+                if self._signature() != before:
+                    continue
+            except OSError as exc:
+                raise CertificateError(f"cannot read the TLS files: {exc}") from exc
+            return _Pair(
+                signature=before,
+                configuration=grpc.ssl_server_certificate_configuration(
+                    [(key, cert)], root_certificates=client_ca
+                ),
+            )
+        raise CertificateError(
+            f"the TLS files kept changing while being read {_READ_ATTEMPTS} times"
         )
 
 

@@ -19,6 +19,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from server import certificates
 from server.certificates import Reloads
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
@@ -301,6 +302,29 @@ async def test_an_unusable_renewal_leaves_the_certificate_in_service(
     secret.write(pki.read("renewed.pem"), pki.read("renewed.key"))
     assert await served_by(harness.target, pki) == "rogue-ca"
     assert harness.server.certificate_reloads() == Reloads(loaded=1, rejected=1)
+
+
+async def test_files_changing_while_read_are_read_again_not_refused(
+    secret_server: tuple[ServerHarness, MountedSecret],
+    pki: Pki,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An update landing between reading the files and checking them is no rejection:
+    the files are read again and the newest pair is served."""
+    harness, secret = secret_server
+    real_check = certificates._check
+    swaps = [("renewed.pem", "renewed.key")]
+
+    def check_while_updating(*args: object) -> None:
+        real_check(*args)  # type: ignore[arg-type]
+        if swaps:
+            cert, key = swaps.pop()
+            secret.write(pki.read(cert), pki.read(key))
+
+    monkeypatch.setattr(certificates, "_check", check_while_updating)
+    secret.write(pki.read("server.pem"), pki.read("server.key"))  # a new version to load
+    assert await served_by(harness.target, pki) == "rogue-ca"
+    assert harness.server.certificate_reloads() == Reloads(loaded=1, rejected=0)
 
 
 async def test_a_deleted_secret_leaves_the_certificate_in_service(
