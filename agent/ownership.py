@@ -5,9 +5,11 @@ It is written atomically (temporary file, fsync, rename, fsync of the
 directory), so a crash leaves either the old record or the new one.
 
 Persistence is deliberately outside the cycle's result: the in-memory record
-is updated the moment a write succeeds, and the file is flushed at the end of
-the cycle; a failed flush is retried next cycle and only logged. Live
-enforcement is correct either way; only a restarted agent would notice.
+is updated just before each cap write (a write may take effect even when it
+fails or never returns) and when a release succeeds, and the file is flushed
+at the end of the cycle; a failed flush is retried next cycle and only
+logged. Live enforcement is correct either way; only a restarted agent would
+notice.
 
 An unreadable record is never overwritten blindly: it is first moved aside
 (``ownership.json.unreadable-<time>``) for an operator to inspect, and if even
