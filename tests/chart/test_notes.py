@@ -37,3 +37,21 @@ def test_notes_follow_the_values(helm: Helm) -> None:
     namespaced = _notes(helm, "--set", "rbac.namespaced=true")
     assert "watches pods in" in namespaced
     assert "safe default" in namespaced
+
+
+def test_notes_with_tls_show_tls_commands(helm: Helm) -> None:
+    """With grpc.tls the stream commands use the CA (and a client certificate for mutual
+    TLS) instead of plaintext."""
+    tls = _notes(helm, "--set", "grpc.tls.secretName=capwatch-grpc-tls")
+    assert "TLS with the certificate in Secret capwatch-grpc-tls)" in tls
+    assert "--tls-ca ca.crt --tls-server-name NAME" in tls
+    assert "grpcurl -cacert ca.crt -servername NAME localhost:50051 list" in tls
+    assert "-plaintext" not in tls
+    mutual = _notes(
+        helm,
+        "--set", "grpc.tls.secretName=capwatch-grpc-tls",
+        "--set", "grpc.tls.clientCA.secretName=capwatch-client-ca",
+    )  # fmt: skip
+    assert "signed by the CA in Secret capwatch-client-ca" in mutual
+    assert "--tls-ca ca.crt --tls-cert client.crt --tls-key client.key" in mutual
+    assert "grpcurl -cacert ca.crt -cert client.crt -key client.key -servername NAME" in mutual
