@@ -136,14 +136,33 @@ def test_device_count_failure_fails_the_cycle_but_keeps_the_last_count(
     assert report.gpus[1].outcome is Outcome.ENFORCED
 
 
-def test_identity_change_before_the_write_skips_it_and_fails(rig: Rig, reconciler: Reconciler):
-    """A GPU re-enumerated between its UUID read and its write is not written, and fails."""
+def test_identity_change_before_the_write_skips_it_and_fails(
+    rig: Rig, reconciler: Reconciler, store: OwnershipStore
+):
+    """A GPU re-enumerated between its UUID read and its write is not written, and fails;
+    the claim made before the write is undone (nothing was written)."""
     rig.run(0, {1001: POD_A.ref.uid})
     rig.change_uuid_before_write(0, "GPU-ffffffff-0000-4000-8000-000000000000")
     report = reconciler.reconcile_once()
     assert not report.enforced
     assert report.gpus[0].reason is Reason.IDENTITY_MISMATCH
     assert rig.writes() == []
+    assert store.get(UUIDS[0]) is None
+
+
+def test_a_refused_write_leaves_an_earlier_claim_as_it_was(
+    rig: Rig, reconciler: Reconciler, store: OwnershipStore
+):
+    """A capped GPU whose next write is refused for identity keeps its record unchanged
+    (owner and target of the write that did take effect)."""
+    rig.run(0, {1001: POD_A.ref.uid})
+    reconciler.reconcile_once()
+    before = store.get(UUIDS[0])
+    assert before is not None
+    rig.run(0, {1001: POD_A.ref.uid, 1005: POD_E.ref.uid})  # would change owners and target
+    rig.change_uuid_before_write(0, "GPU-ffffffff-0000-4000-8000-000000000000")
+    assert reconciler.reconcile_once().gpus[0].reason is Reason.IDENTITY_MISMATCH
+    assert store.get(UUIDS[0]) == before
 
 
 def test_pod_view_failure_aborts_before_the_gpu_loop(
