@@ -6,7 +6,8 @@ on one dedicated daemon thread. A hung cycle then freezes only itself; the
 event loop goes on serving, and the hub's readiness goes stale, which is
 exactly what the staleness bound is for.
 
-The loop sleeps *after* each cycle (period = interval + cycle time), never
+The loop sleeps *after* each cycle, from the moment it finished (period =
+interval + cycle time, however busy the event loop is meanwhile), never
 exits on a failed cycle, and turns a cycle that raised into a failed report,
 so readiness drops on the next poll rather than after the staleness bound.
 """
@@ -90,12 +91,16 @@ class AgentLoop:
     async def run(self, stop: asyncio.Event, *, max_cycles: int | None = None) -> None:
         """Cycle until ``stop`` is set (or ``max_cycles`` have run)."""
         while not stop.is_set():
-            await self.cycle_once()
+            report = await self.cycle_once()
             self.cycles += 1
             if max_cycles is not None and self.cycles >= max_cycles:
                 return
+            # The interval runs from the end of the cycle, not from when this loop
+            # got the report back: a loop busy serving thousands of streams first
+            # must not stretch the period.
+            since = self._clock.monotonic() - report.finished_monotonic
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._interval_s)
+                await asyncio.wait_for(stop.wait(), max(0.0, self._interval_s - since))
 
     async def cycle_once(self) -> CycleReport:
         """Run one cycle on the cycle thread, publish it, and return it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from tests.fakes.pods import StaticPodView
 pytestmark = pytest.mark.asyncio
 
 
-def build(tmp_path: Path, *, interval: float = 0.05, grace: float = 1.0, wrap=None):
+def build(tmp_path: Path, *, interval: float = 0.05, grace: float = 1.0, wrap=None, on_report=None):
     rig = SimRig(tmp_path / "proc")
     pods = StaticPodView(PODS)
     clock = SystemClock()
@@ -42,7 +43,12 @@ def build(tmp_path: Path, *, interval: float = 0.05, grace: float = 1.0, wrap=No
     hub = Hub(clock=clock, stale_after_s=3 * interval)
     thread = CycleThread()
     loop = AgentLoop(
-        reconciler=reconciler, hub=hub, clock=clock, interval_s=interval, cycle_thread=thread
+        reconciler=reconciler,
+        hub=hub,
+        clock=clock,
+        interval_s=interval,
+        cycle_thread=thread,
+        on_report=on_report,
     )
     agent = Agent(
         node_name="rig",
@@ -190,3 +196,23 @@ async def test_a_cap_write_stuck_at_shutdown_is_restored_and_reported(
         "never returned and may still take effect" in r.getMessage() and "gpu=1" in r.getMessage()
         for r in caplog.records
     )
+
+
+async def test_a_busy_event_loop_does_not_stretch_the_period(tmp_path: Path):
+    """The interval counts from the end of each cycle: time the event loop spends elsewhere
+    before it gets the report back (serving streams) is not added to the period."""
+    starts: list[float] = []
+
+    def busy(report) -> None:
+        starts.append(report.started_monotonic)
+        time.sleep(0.3)  # the loop is busy for 0.3 s after every cycle
+
+    _, _, _, agent = build(tmp_path, interval=0.5, on_report=busy)
+    stop = asyncio.Event()
+    agent.start(stop, max_cycles=3)
+    await wait_until(lambda: len(starts) == 3, timeout=10)
+    stop.set()
+    await agent.stop()
+    periods = [b - a for a, b in itertools.pairwise(starts)]
+    # interval + cycle time (a few ms); 0.8 s when the busy time was added
+    assert all(0.45 < p < 0.7 for p in periods), periods
