@@ -42,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The command line; with ``only``, the options of that subcommand alone."""
+    """The command line; with ``only``, the options of that subcommand alone ("": none)."""
     parser = _Parser(prog="capwatch", description="GPU power-cap agent for Kubernetes nodes.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, summary in COMMANDS.items():
@@ -80,7 +80,8 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     argv = sys.argv[1:] if argv is None else list(argv)
-    only = argv[0] if argv and argv[0] in COMMANDS else None
+    # No subcommand named (--help, a typo): none of their options are needed.
+    only = argv[0] if argv and argv[0] in COMMANDS else ""
     args = _parser(only).parse_args(argv)
     prog = f"capwatch {args.command}"
     try:

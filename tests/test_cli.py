@@ -100,14 +100,25 @@ def test_the_shim_loads_none_of_the_agents_modules():
     assert loaded & heavy == set()
 
 
-def test_help_lists_every_command(capsys):
-    """`capwatch --help` names all four subcommands without loading any of them."""
-    with pytest.raises(SystemExit) as exited:
-        main(["--help"])
-    assert exited.value.code == 0
-    out = capsys.readouterr().out
-    for command in ("agent", "demo", "watch", "shim"):
-        assert command in out
+def test_help_lists_every_command_without_loading_them():
+    """`capwatch --help` names every subcommand and imports none of their modules."""
+    probe = (
+        "import sys; from server import cli; "
+        "sys.exit(cli.main(['--help']) if 'server.shim' not in sys.modules else 3)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for command in ("agent", "demo", "watch", "shim", "forget"):
+        assert command in done.stdout
+    imported = done.stderr  # -X importtime lists every module imported, on stderr
+    for module in ("server.shim", "server.watch", "server.launch", "agent.settings"):
+        assert f" {module}\n" not in imported, module
 
 
 def test_invalid_scenario_names_the_bad_key(tmp_path: Path, capsys):
