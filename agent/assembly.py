@@ -23,6 +23,7 @@ from agent.gpus import GpuBackend, GpuError
 from agent.hub import Hub
 from agent.lifecycle import Agent
 from agent.ownership import LoadStatus, OwnershipStore
+from agent.podevents import PodEvents
 from agent.pods import PodView
 from agent.reconciling import CycleListener, Policy, Reconciler
 from agent.reports import CycleReport
@@ -42,6 +43,7 @@ class _Parts:
     node_name: str
     listeners: tuple[CycleListener, ...] = ()
     cleanups: tuple[Callable[[], None], ...] = ()
+    on_report: Callable[[CycleReport], None] | None = None  # e.g. pod Events
 
 
 def load_settings_scenario(settings: AgentSettings) -> Scenario:
@@ -111,7 +113,7 @@ def _assemble(
         clock=clock,
         interval_s=settings.interval_s,
         cycle_thread=cycle_thread,
-        on_report=on_report,
+        on_report=_both(parts.on_report, on_report),
     )
     log.info(
         "agent assembled node=%s backend=%s gpus=%d interval=%gs stale_after=%gs",
@@ -133,6 +135,19 @@ def _assemble(
         shutdown_grace_s=settings.shutdown_grace_s,
         cleanups=parts.cleanups,
     )
+
+
+def _both(
+    first: Callable[[CycleReport], None] | None, second: Callable[[CycleReport], None] | None
+) -> Callable[[CycleReport], None] | None:
+    if first is None or second is None:
+        return first or second
+
+    def both(report: CycleReport) -> None:
+        first(report)
+        second(report)
+
+    return both
 
 
 def _uuids(backend: GpuBackend, count: int) -> dict[int, str | None]:
@@ -167,7 +182,11 @@ def _simulated(settings: AgentSettings) -> _Parts:
 def _real(settings: AgentSettings, clock: Clock) -> _Parts:
     # Imported here so that the simulator (demo, tests) never loads NVML or the
     # Kubernetes client.
-    from agent.kubernetes import KubernetesPodView, api_client_from_environment  # noqa: PLC0415
+    from agent.kubernetes import (  # noqa: PLC0415
+        KubernetesEventSink,
+        KubernetesPodView,
+        api_client_from_environment,
+    )
     from agent.nvml import NvmlBackend  # noqa: PLC0415
 
     assert settings.node_name is not None  # settings validation guarantees it
@@ -193,6 +212,17 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
         if isinstance(exc, CapwatchError):
             raise
         raise PodViewError(f"cannot start the Kubernetes pod view: {exc}") from exc
+    events = None
+    if settings.pod_events:
+        events = PodEvents(
+            KubernetesEventSink(api_client=api, node_name=settings.node_name, clock=clock),
+            annotation_key=settings.annotation_key,
+        )
     return _Parts(
-        backend=backend, pods=view, proc_root=settings.proc_root, node_name=settings.node_name
+        backend=backend,
+        pods=view,
+        proc_root=settings.proc_root,
+        node_name=settings.node_name,
+        cleanups=() if events is None else (events.close,),
+        on_report=None if events is None else events.observe,
     )

@@ -92,6 +92,15 @@ def enum_choice(kind: type[Enum]) -> Callable[[str, str], Any]:
     return convert
 
 
+def boolean(flag: str, text: str) -> bool:
+    word = text.strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(flag, f"must be true or false, got {text!r}")
+
+
 def optional_path(flag: str, text: str) -> Path | None:
     return Path(text) if text else None
 

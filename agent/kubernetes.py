@@ -1,12 +1,14 @@
-"""The pod view backed by the Kubernetes API: a list+watch cache of this node's pods.
+"""The pod view backed by the Kubernetes API: a list+watch cache of this node's pods
+(and, as the only module that imports the ``kubernetes`` client package, the
+sink that posts :mod:`agent.podevents`' Events).
 
-This is the only module that imports the ``kubernetes`` client package. It
-follows the informer pattern: one LIST of the pods with ``spec.nodeName=<node>``
-(all namespaces, paged), then a WATCH from the list's resourceVersion with
-bookmarks, applied to an in-memory cache keyed by pod UID. A 410 Gone (HTTP or
-ERROR event) triggers a relist; any other failure retries the watch from the
-last resourceVersion after a bounded, jittered exponential backoff. A watch that
-ends normally (its server-side ``timeoutSeconds``) resumes at once, no relist.
+The pod view follows the informer pattern: one LIST of the pods with
+``spec.nodeName=<node>`` (all namespaces, paged), then a WATCH from the list's
+resourceVersion with bookmarks, applied to an in-memory cache keyed by pod
+UID. A 410 Gone (HTTP or ERROR event) triggers a relist; any other failure
+retries the watch from the last resourceVersion after a bounded, jittered
+exponential backoff. A watch that ends normally (its server-side
+``timeoutSeconds``) resumes at once, no relist.
 
 Pods in phase Succeeded/Failed stay in the cache until deleted: their processes
 are gone, so they can never own a GPU, and dropping them would only add a rule.
@@ -37,6 +39,7 @@ import urllib3.exceptions
 from agent.clock import Clock
 from agent.errors import ConfigError, PodViewError
 from agent.kubewire import as_mapping, pod_info, shutdown_response, stream_lines
+from agent.podevents import EventSinkError, PodEvent, event_body
 from agent.pods import PodInfo, PodSnapshot
 
 logger = logging.getLogger(__name__)
@@ -83,6 +86,43 @@ def api_client_from_environment(kubeconfig: str | None) -> kubernetes.client.Api
     # balancer that silently drops idle flows is noticed (older clients ignore it).
     configuration.keep_alive = True
     return kubernetes.client.ApiClient(configuration)
+
+
+class KubernetesEventSink:
+    """Creates pod Events (core/v1) for :class:`agent.podevents.PodEvents`."""
+
+    def __init__(
+        self,
+        *,
+        api_client: kubernetes.client.ApiClient,
+        node_name: str,
+        clock: Clock,
+        request_timeout: float = 10.0,
+    ) -> None:
+        self._api = kubernetes.client.CoreV1Api(api_client)
+        self._node = node_name
+        self._clock = clock
+        self._timeout = request_timeout
+
+    def post(self, event: PodEvent) -> None:
+        body = event_body(event, node_name=self._node, wall=self._clock.wall())
+        try:
+            # A plain dict body is serialized as is; the raw response is not parsed.
+            response = cast(
+                urllib3.HTTPResponse,
+                self._api.create_namespaced_event(
+                    event.pod.namespace,
+                    cast(Any, body),
+                    _preload_content=False,
+                    _request_timeout=(self._timeout, self._timeout),
+                ),
+            )
+            response.release_conn()
+        except _TRANSIENT as err:
+            raise EventSinkError(
+                f"cannot create an event for pod {event.pod.namespace}/{event.pod.name}: "
+                f"{_describe(err)}"
+            ) from err
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@ from agent.errors import ConfigError
 from agent.flags import (
     Option,
     add_options,
+    boolean,
     enum_choice,
     optional_path,
     path,
@@ -62,6 +63,7 @@ class AgentSettings:
     proc_root: Path
     kubeconfig: Path | None
     pod_namespace: str | None  # None: pods in every namespace
+    pod_events: bool  # Events on owner pods (Kubernetes pod view only)
     shutdown_grace_s: float
     log_level: str
     log_format: LogFormat
@@ -194,6 +196,14 @@ _OPTIONS = (
         help="watch pods in this namespace only (a namespaced Role); default: every namespace",
     ),
     Option(
+        flag="--pod-events",
+        env="CAPWATCH_POD_EVENTS",
+        default="true",
+        convert=boolean,
+        help="post Kubernetes Events on the pods whose GPUs are capped, when what they "
+        "would say changes (Kubernetes pod view only; needs create on events)",
+    ),
+    Option(
         flag="--shutdown-grace",
         env="CAPWATCH_SHUTDOWN_GRACE",
         default="20",
@@ -236,6 +246,7 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         proc_root=values["proc_root"],
         kubeconfig=values["kubeconfig"],
         pod_namespace=values["pod_namespace"],
+        pod_events=values["pod_events"],
         shutdown_grace_s=values["shutdown_grace"],
         log_level=values["log_level"],
         log_format=values["log_format"],

@@ -41,6 +41,12 @@ CAPWATCH = [sys.executable, "-m", "server.cli"]
         (["--node-name", "n1", "--scenario", "x.yaml"], {}, "--scenario: only meaningful"),
         (["--log-level", "loud"], {}, "--log-level: must be one of"),
         (["--pod-namespace", "GPU_Jobs"], {}, "--pod-namespace: not a valid namespace name"),
+        (["--pod-events", "maybe"], {}, "--pod-events: must be true or false, got 'maybe'"),
+        (
+            [],
+            {"CAPWATCH_POD_EVENTS": "2"},
+            "--pod-events (from $CAPWATCH_POD_EVENTS): must be true or false",
+        ),
         (
             ["--gpu-backend", "sim", "--state-dir", "/proc/capwatch"],
             {},

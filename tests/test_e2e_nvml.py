@@ -50,7 +50,8 @@ def wait_for(predicate, what: str, proc: subprocess.Popen[str], timeout: float =
 def test_agent_caps_from_annotations_and_restores_on_sigterm(
     tmp_path: Path, fake_nvml_library: Path
 ):
-    """Pods' annotations become NVML writes on their GPUs; SIGTERM restores the defaults."""
+    """Pods' annotations become NVML writes on their GPUs, and Events on the pods;
+    SIGTERM restores the defaults."""
     server = FakeKubeApiServer()
     server.start()
     try:
@@ -109,5 +110,13 @@ def test_agent_caps_from_annotations_and_restores_on_sigterm(
         assert last == {0: 300_000, 1: 300_000}, err
         assert "enforced=true" in err
         assert server.count("list") == 1  # one LIST, then the watch
+        # One Event per pod, not one per cycle; the one without an annotation is told so.
+        told = sorted(
+            (e["involvedObject"]["name"], e["reason"], e["type"]) for e in server.events()
+        )
+        assert told == [
+            ("helper", "PowerCapSafeDefault", "Normal"),
+            ("trainer", "PowerCapApplied", "Normal"),
+        ], err
     finally:
         server.stop()

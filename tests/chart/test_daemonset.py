@@ -204,6 +204,7 @@ def test_rendered_agent_flags_are_accepted_by_the_real_cli(default: Manifests) -
     assert settings.interval_s == 15.0
     assert settings.safe_default_watts == 300
     assert settings.annotation_key == "capwatch.io/gpu-power-limit"
+    assert settings.pod_events is True
     assert settings.log_format is LogFormat.JSON
     assert str(settings.state_dir) == "/var/lib/capwatch"
     assert str(settings.proc_root) == "/proc"

@@ -6,6 +6,8 @@ from __future__ import annotations
 from tests.chart.support import NAMESPACE, Helm, Manifests, ports
 
 POD_READ = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+EVENT_CREATE = {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+RULES = [*POD_READ, EVENT_CREATE]
 
 
 def test_default_objects(default: Manifests) -> None:
@@ -15,10 +17,11 @@ def test_default_objects(default: Manifests) -> None:
     )
 
 
-def test_cluster_role_reads_pods_only(default: Manifests) -> None:
-    """The ClusterRole grants exactly get/list/watch on core pods, bound to the chart's account."""
+def test_cluster_role_reads_pods_and_creates_events_only(default: Manifests) -> None:
+    """The ClusterRole grants exactly get/list/watch on core pods and create on core events,
+    bound to the chart's account."""
     role = default.one("ClusterRole")
-    assert role["rules"] == POD_READ
+    assert role["rules"] == RULES
     binding = default.one("ClusterRoleBinding")
     account = default.one("ServiceAccount")["metadata"]["name"]
     assert binding["roleRef"] == {
@@ -38,7 +41,7 @@ def test_namespaced_rbac_is_a_role_with_the_same_rule(rendered: dict[str, Manife
     assert not manifests.of_kind("ClusterRole")
     assert not manifests.of_kind("ClusterRoleBinding")
     role, binding = manifests.one("Role"), manifests.one("RoleBinding")
-    assert role["rules"] == POD_READ
+    assert role["rules"] == RULES
     assert role["metadata"]["namespace"] == NAMESPACE
     assert binding["metadata"]["namespace"] == NAMESPACE
     assert binding["roleRef"]["kind"] == "Role"
@@ -56,12 +59,22 @@ def test_namespaced_rbac_is_a_role_with_the_same_rule(rendered: dict[str, Manife
     )
 
 
-def test_no_rbac_object_grants_more_than_pod_reads(rendered: dict[str, Manifests]) -> None:
-    """Across every variant, every (Cluster)Role's rules are exactly pod get/list/watch."""
+def test_no_rbac_object_grants_more_than_pod_reads_and_event_creation(
+    rendered: dict[str, Manifests],
+) -> None:
+    """Across every variant, every (Cluster)Role's rules are exactly pod get/list/watch and
+    event create."""
     for manifests in rendered.values():
         roles = manifests.of_kind("Role") + manifests.of_kind("ClusterRole")
         assert len(roles) == 1
-        assert [role["rules"] for role in roles] == [POD_READ]
+        assert [role["rules"] for role in roles] == [RULES]
+
+
+def test_pod_events_off_drops_the_event_rule_and_says_so_to_the_agent(helm: Helm) -> None:
+    """agent.podEvents false: pod reads only, and the agent is told not to post Events."""
+    manifests = helm.render("--set", "agent.podEvents=false")
+    assert manifests.one("ClusterRole")["rules"] == POD_READ
+    assert "--pod-events=false" in manifests.container("agent")["args"]
 
 
 def test_service_is_headless_over_every_agent(default: Manifests) -> None:

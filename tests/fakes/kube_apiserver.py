@@ -30,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes.kube_events import EventsEndpoint
 from tests.fakes.kube_store import (
     ExpiredError,
     FieldSelector,
@@ -42,7 +43,7 @@ from tests.fakes.kube_store import (
     watch_object,
 )
 
-RequestKind = Literal["list", "watch"]
+RequestKind = Literal["list", "watch", "event"]
 GoneMode = Literal["http", "event"]
 
 
@@ -81,7 +82,9 @@ class _WatchState:
 class _Controls:
     """Mutable test controls; guarded by the store's lock."""
 
-    faults: dict[str, list[_Fault]] = field(default_factory=lambda: {"list": [], "watch": []})
+    faults: dict[str, list[_Fault]] = field(
+        default_factory=lambda: {"list": [], "watch": [], "event": []}
+    )
     list_hangs: list[float] = field(default_factory=list)
     drop_gen: int = 0
     end_gen: int = 0
@@ -99,6 +102,7 @@ class FakeKubeApiServer:
         self.gone_mode: GoneMode = gone_mode
         self._ctl = _Controls()
         self._requests: list[RequestRecord] = []
+        self._events: list[dict[str, Any]] = []  # created by POST (tests/fakes/kube_events.py)
         self._stop = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -247,6 +251,20 @@ class FakeKubeApiServer:
         with self.store.cond:
             return [r for r in self._requests if kind is None or r.kind == kind]
 
+    def events(self) -> list[dict[str, Any]]:
+        with self.store.cond:
+            return list(self._events)
+
+    def _admit_event(self, path: str) -> _Fault | None:
+        fault, _ = self._admit(
+            RequestRecord(kind="event", path=path, query={}, at=time.monotonic())
+        )
+        return fault
+
+    def _record_event(self, event: dict[str, Any]) -> None:
+        with self.store.cond:
+            self._events.append(event)
+
     @property
     def open_watches(self) -> int:
         with self.store.cond:
@@ -275,7 +293,7 @@ class _Server(ThreadingHTTPServer):
         self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(EventsEndpoint, BaseHTTPRequestHandler):
     fake: FakeKubeApiServer  # set on the per-server subclass
     protocol_version = "HTTP/1.1"
     server_version = "fake-kube-apiserver/1"
