@@ -43,7 +43,7 @@ class _Parts:
     node_name: str
     listeners: tuple[CycleListener, ...] = ()
     cleanups: tuple[Callable[[], None], ...] = ()
-    on_report: Callable[[CycleReport], None] | None = None  # e.g. pod Events
+    pod_events: PodEvents | None = None
 
 
 def load_settings_scenario(settings: AgentSettings) -> Scenario:
@@ -113,7 +113,7 @@ def _assemble(
         clock=clock,
         interval_s=settings.interval_s,
         cycle_thread=cycle_thread,
-        on_report=_both(parts.on_report, on_report),
+        on_report=_both(parts.pod_events.observe if parts.pod_events else None, on_report),
     )
     log.info(
         "agent assembled node=%s backend=%s gpus=%d interval=%gs stale_after=%gs",
@@ -134,6 +134,7 @@ def _assemble(
         cycle_thread=cycle_thread,
         shutdown_grace_s=settings.shutdown_grace_s,
         cleanups=parts.cleanups,
+        pod_events=parts.pod_events,
     )
 
 
@@ -224,5 +225,5 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
         proc_root=settings.proc_root,
         node_name=settings.node_name,
         cleanups=() if events is None else (events.close,),
-        on_report=None if events is None else events.observe,
+        pod_events=events,
     )

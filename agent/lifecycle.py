@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from agent.gpus import GpuBackend
 from agent.hub import Hub
+from agent.podevents import PodEvents
 from agent.pods import PodView
 from agent.reconciling import InFlightWrite, Reconciler
 from agent.reports import GpuResult
@@ -62,6 +63,7 @@ class Agent:
         cycle_thread: CycleThread,
         shutdown_grace_s: float,
         cleanups: tuple[Callable[[], None], ...] = (),
+        pod_events: PodEvents | None = None,
     ) -> None:
         self.node_name = node_name
         self.interval_s = interval_s
@@ -73,6 +75,7 @@ class Agent:
         self._cycle_thread = cycle_thread
         self._grace = shutdown_grace_s
         self._cleanups = cleanups
+        self.pod_events = pod_events  # None: not posting Events (simulator, or turned off)
         self._task: asyncio.Task[None] | None = None
 
     def start(self, stop: asyncio.Event, *, max_cycles: int | None = None) -> asyncio.Task[None]:

@@ -47,6 +47,15 @@ class PodEvent:
     message: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class EventCounts:
+    """Events posted, refused by the API (or failed to reach it), and dropped unsent."""
+
+    posted: int
+    failed: int
+    dropped: int
+
+
 class EventSinkError(CapwatchError):
     """The API did not take an Event."""
 
@@ -168,6 +177,9 @@ class PodEvents:
                     self.dropped += 1
                     if self.dropped == 1 or self.dropped % 100 == 0:
                         log.warning("pod events: queue full, %d dropped so far", self.dropped)
+
+    def counts(self) -> EventCounts:
+        return EventCounts(posted=self.posted, failed=self.failed, dropped=self.dropped)
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Post what is queued (within ``timeout_s``), then stop the thread."""

@@ -55,7 +55,9 @@ async def run_agent(
     if server_settings.metrics_port is not None:
         metrics = MetricsServer(
             metrics=Metrics(
-                publication=publication, certificate_reloads=server.certificate_reloads
+                publication=publication,
+                certificate_reloads=server.certificate_reloads,
+                pod_events=lambda: None if agent.pod_events is None else agent.pod_events.counts(),
             ),
             address=server_settings.metrics_address,
             port=server_settings.metrics_port,

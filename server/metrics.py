@@ -48,6 +48,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from agent.gpus import GpuErrorClass
+from agent.podevents import EventCounts
 from agent.reports import (
     CapSource,
     ClampDirection,
@@ -137,6 +138,7 @@ class Metrics:
         publication: Publication,
         version: str | None = None,
         certificate_reloads: Callable[[], Reloads | None] = lambda: None,
+        pod_events: Callable[[], EventCounts | None] = lambda: None,
     ) -> None:
         # _created series double the count of every counter for nothing a
         # dashboard uses; the switch is process-wide, and this process is ours.
@@ -208,6 +210,7 @@ class Metrics:
                 publication=publication,
                 caps=lambda: self._caps,
                 certificate_reloads=certificate_reloads,
+                pod_events=pod_events,
                 info={
                     "version": version or package_version(),
                     "node": publication.node_name,
@@ -286,11 +289,13 @@ class _ScrapeCollector(Collector):
         publication: Publication,
         caps: Callable[[], Mapping[int, GpuCaps]],
         certificate_reloads: Callable[[], Reloads | None],
+        pod_events: Callable[[], EventCounts | None],
         info: dict[str, str],
     ) -> None:
         self._pub = publication
         self._caps = caps
         self._certificate_reloads = certificate_reloads
+        self._pod_events = pod_events
         self._info = info
 
     def describe(self) -> Iterable[Metric]:
@@ -337,6 +342,19 @@ class _ScrapeCollector(Collector):
             if populated:
                 tls.add_metric(["loaded"], float(reloads.loaded))
                 tls.add_metric(["rejected"], float(reloads.rejected))
+        events = self._pod_events()
+        if events is not None:
+            posted = CounterMetricFamily(
+                "capwatch_pod_events",
+                "Kubernetes Events on capped pods: posted, failed (the API refused or was "
+                "unreachable) and dropped (the queue was full).",
+                labels=["result"],
+            )
+            families.append(posted)
+            if populated:
+                posted.add_metric(["posted"], float(events.posted))
+                posted.add_metric(["failed"], float(events.failed))
+                posted.add_metric(["dropped"], float(events.dropped))
         if not populated:
             return families
         hub = self._pub.hub

@@ -15,6 +15,7 @@ from agent.clock import FakeClock
 from agent.devices import inventory
 from agent.gpus import GpuErrorClass
 from agent.hub import Hub
+from agent.podevents import EventCounts
 from agent.pods import PodRef
 from agent.reports import (
     AbortReason,
@@ -359,18 +360,27 @@ async def test_a_follower_that_dies_stops_the_agent_but_a_release_does_not():
     assert quiet == []
 
 
-async def test_tls_reloads_are_exposed_only_when_tls_is_on():
-    """capwatch_grpc_tls_reloads_total{result} reads the server's counts at scrape time;
-    a plaintext agent has no such series."""
+async def test_tls_reloads_and_pod_events_are_exposed_only_when_on():
+    """capwatch_grpc_tls_reloads_total{result} and capwatch_pod_events_total{result} read
+    their counts at scrape time; an agent without TLS or Events has no such series."""
     harness = await start_harness()
     try:
         counts = Reloads(loaded=2, rejected=1)
-        with_tls = Metrics(publication=harness.publication, certificate_reloads=lambda: counts)
-        found = scrape(with_tls.registry)
+        events = EventCounts(posted=5, failed=2, dropped=1)
+        with_both = Metrics(
+            publication=harness.publication,
+            certificate_reloads=lambda: counts,
+            pod_events=lambda: events,
+        )
+        found = scrape(with_both.registry)
         assert value(found, "capwatch_grpc_tls_reloads_total", result="loaded") == 2
         assert value(found, "capwatch_grpc_tls_reloads_total", result="rejected") == 1
+        assert value(found, "capwatch_pod_events_total", result="posted") == 5
+        assert value(found, "capwatch_pod_events_total", result="failed") == 2
+        assert value(found, "capwatch_pod_events_total", result="dropped") == 1
         plain = scrape(Metrics(publication=harness.publication).registry)
         assert not series_of(plain, "capwatch_grpc_tls_reloads_total")
+        assert not series_of(plain, "capwatch_pod_events_total")
     finally:
         await harness.server.stop()
 
@@ -387,6 +397,7 @@ async def test_docs_metrics_lists_every_family_with_its_type():
         metrics = Metrics(
             publication=harness.publication,
             certificate_reloads=lambda: Reloads(loaded=0, rejected=0),
+            pod_events=lambda: EventCounts(posted=0, failed=0, dropped=0),
         )
         exposed = {
             family.name: family.type
