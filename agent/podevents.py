@@ -1,6 +1,6 @@
 """Kubernetes Events on the pods whose GPUs the agent caps: feedback where pod owners look.
 
-A pod owner writes ``capwatch.io/gpu-power-limit`` and, until now, learned
+A pod owner who writes ``capwatch.io/gpu-power-limit`` would otherwise learn
 what became of it only from the agent's stream, metrics or log. Each cycle's
 report is turned into Events on the owner pods (``kubectl describe pod``
 shows them): the cap applied, the safe default and why, a clamp into the
