@@ -25,6 +25,7 @@ Semantics a dashboard needs to know:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -329,32 +330,22 @@ class _ScrapeCollector(Collector):
             labels=labels,
         )
         families: list[Metric] = [info, age, ready, subscribers, messages, resolved, applied]
-        # Only with TLS: a series of renewals on a plaintext port would mean nothing.
-        reloads = self._certificate_reloads()
-        if reloads is not None:
-            tls = CounterMetricFamily(
-                "capwatch_grpc_tls_reloads",
-                "TLS certificate files on the gRPC port taken up (loaded) or refused "
-                "(rejected: the previous pair stays in service; each bad state once).",
-                labels=["result"],
-            )
-            families.append(tls)
-            if populated:
-                tls.add_metric(["loaded"], float(reloads.loaded))
-                tls.add_metric(["rejected"], float(reloads.rejected))
-        events = self._pod_events()
-        if events is not None:
-            posted = CounterMetricFamily(
-                "capwatch_pod_events",
-                "Kubernetes Events on capped pods: posted, failed (the API refused or was "
-                "unreachable) and dropped (the queue was full).",
-                labels=["result"],
-            )
-            families.append(posted)
-            if populated:
-                posted.add_metric(["posted"], float(events.posted))
-                posted.add_metric(["failed"], float(events.failed))
-                posted.add_metric(["dropped"], float(events.dropped))
+        # Only when on: renewals on a plaintext port, or Events never posted, would
+        # mean nothing.
+        families += _optional_counter(
+            "capwatch_grpc_tls_reloads",
+            "TLS certificate files on the gRPC port taken up (loaded) or refused "
+            "(rejected: the previous pair stays in service; each bad state once).",
+            self._certificate_reloads(),
+            populated=populated,
+        )
+        families += _optional_counter(
+            "capwatch_pod_events",
+            "Kubernetes Events on capped pods: posted, failed (the API refused or was "
+            "unreachable) and dropped (the queue was full).",
+            self._pod_events(),
+            populated=populated,
+        )
         if not populated:
             return families
         hub = self._pub.hub
@@ -372,3 +363,16 @@ class _ScrapeCollector(Collector):
             resolved.add_metric(values, _watts(caps.resolved_watts))
             applied.add_metric(values, _watts(caps.applied_watts))
         return families
+
+
+def _optional_counter(
+    name: str, documentation: str, counts: Reloads | EventCounts | None, *, populated: bool
+) -> list[Metric]:
+    """A counter family labelled ``result`` by the fields of ``counts``; none if None."""
+    if counts is None:
+        return []
+    family = CounterMetricFamily(name, documentation, labels=["result"])
+    if populated:
+        for result, count in dataclasses.asdict(counts).items():
+            family.add_metric([result], float(count))
+    return [family]

@@ -244,6 +244,10 @@ async def secret_server(
         yield harness, secret
 
 
+def certificate_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "server.certificates"]
+
+
 async def served_by(target: str, pki: Pki) -> str:
     """Which issuer's certificate the listener presents to a new connection."""
     for trust in ("ca", "rogue-ca"):
@@ -294,7 +298,7 @@ async def test_an_unusable_renewal_leaves_the_certificate_in_service(
     with caplog.at_level(logging.ERROR, logger="server.certificates"):
         for _ in range(3):  # three new connections, one log line
             assert await served_by(harness.target, pki) == "ca"
-    errors = [r.getMessage() for r in caplog.records if r.name == "server.certificates"]
+    errors = certificate_errors(caplog)
     assert len(errors) == 1, errors
     assert why in errors[0]
     assert "still serving" in errors[0]
@@ -338,7 +342,7 @@ async def test_a_deleted_secret_leaves_the_certificate_in_service(
     with caplog.at_level(logging.ERROR, logger="server.certificates"):
         for _ in range(3):
             assert await served_by(harness.target, pki) == "ca"
-    errors = [r.getMessage() for r in caplog.records if r.name == "server.certificates"]
+    errors = certificate_errors(caplog)
     assert len(errors) == 1, errors
     assert "cannot read the TLS files" in errors[0]
 
