@@ -1,33 +1,50 @@
 """Which GPUs this agent capped, for which pods, at what target — durably.
 
-The record lets a restarted agent release caps that a dead one left behind.
-It is written atomically (temporary file, fsync, rename, fsync of the
-directory), so a crash leaves either the old record or the new one.
+The record lets a restarted agent release caps that a dead one left behind,
+so a cap must never be in force without being on disk:
 
-Persistence is deliberately outside the cycle's result: the in-memory record
-is updated just before each cap write (a write may take effect even when it
-fails or never returns) and when a release succeeds, and the file is flushed
-at the end of the cycle; a failed flush is retried next cycle and only
-logged. Live enforcement is correct either way; only a restarted agent would
-notice.
+* every claim that changes the record is persisted (:mod:`agent.durable`:
+  atomic, fsync'd, mode 0600) *before* the cap write it precedes. A crash at
+  any instant then leaves at worst a record of a cap that was never written,
+  and restoring a default that was never changed is harmless;
+* a release (default restored) and an undone claim are persisted at the end
+  of the cycle, on every path, an aborted cycle's included: until then the
+  record over-states what is capped, which is the safe direction;
+* a failed save keeps the in-memory record and is retried on the next
+  :meth:`OwnershipStore.flush`. Enforcement goes on (a cap the record does
+  not hold is still better than no cap), but the store counts failed saves
+  and the reconciler fails the cycle once the record could not be saved for
+  :data:`UNSAVED_CYCLES_LIMIT` cycles in a row, so readiness says
+  ``state-unwritable`` until a save succeeds.
 
-An unreadable record is never overwritten blindly: it is first moved aside
-(``ownership.json.unreadable-<time>``) for an operator to inspect, and if even
-that fails the store refuses to write until it succeeds.
+Reading the record at start: a missing record is a first start. Anything
+else that cannot be read as a record of this format -- not JSON, JSON of
+the wrong shape or nesting, an unknown version, a directory or a symbolic
+link at its path, or an I/O error reading it -- is *unreadable*: it is moved
+aside (``ownership.json.unreadable-<time>``) for an operator to inspect and
+the agent starts with an empty record, restoring the default on every idle
+GPU once (it cannot know what a dead agent capped). An unreadable record is
+never overwritten blindly: if it cannot even be moved aside, every save is
+refused (and counted) until it can be, which turns into ``state-unwritable``
+readiness. Starting anyway keeps caps enforced, where refusing to start would
+leave a dead agent's caps in place and enforce nothing.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from agent.clock import Clock
+from agent.durable import read_regular, remove_temporaries, write_atomically
 from agent.errors import OwnershipError
 from agent.pods import PodRef
 
@@ -35,6 +52,8 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "ownership.json"
 FORMAT_VERSION = 1
+# Cycles in a row whose record could not be saved before readiness says so.
+UNSAVED_CYCLES_LIMIT = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +71,10 @@ class LoadStatus(str, Enum):
     UNREADABLE = "unreadable"  # a record existed but could not be read; moved aside
 
 
+class MalformedRecord(ValueError):
+    """The record's bytes are not an ownership record of this format."""
+
+
 class OwnershipStore:
     """Thread-safe in-memory ownership with atomic, retried persistence."""
 
@@ -62,23 +85,23 @@ class OwnershipStore:
         self._records: dict[str, OwnershipRecord] = {}
         self._dirty = False
         self._blocked_by_unreadable = False
-        self.flush_failures = 0
+        self.flush_failures = 0  # every failed save since start
+        self.consecutive_flush_failures = 0  # failed saves since the last one that worked
+        self.last_flush_error = ""
 
     @property
     def path(self) -> Path:
         return self._path
 
     def load(self) -> LoadStatus:
-        """Read the record left by a previous agent. Call once, at start."""
+        """Read the record left by a previous agent. Call once, at start; never raises."""
+        for stale in remove_temporaries(self._path):
+            log.info("removed a temporary file an interrupted save left path=%s", stale)
         try:
-            raw = self._path.read_bytes()
+            records = _decode(read_regular(self._path))
         except FileNotFoundError:
             return LoadStatus.EMPTY
-        except OSError as exc:
-            raise OwnershipError(f"cannot read {self._path}: {exc}") from exc
-        try:
-            records = _decode(raw)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (OSError, MalformedRecord) as exc:
             log.error("ownership record unreadable path=%s error=%s", self._path, exc)
             self._set_aside()
             return LoadStatus.UNREADABLE
@@ -90,6 +113,9 @@ class OwnershipStore:
         aside = self._path.with_name(f"{FILE_NAME}.unreadable-{int(self._clock.wall())}")
         try:
             os.replace(self._path, aside)
+        except FileNotFoundError:
+            self._blocked_by_unreadable = False  # gone meanwhile: nothing left to protect
+            return
         except OSError as exc:
             log.error("cannot move unreadable record aside path=%s error=%s", self._path, exc)
             self._blocked_by_unreadable = True
@@ -107,14 +133,19 @@ class OwnershipStore:
 
     def claim(
         self, *, uuid: str, index: int, owners: tuple[PodRef, ...], target_milliwatts: int
-    ) -> None:
+    ) -> bool:
+        """Record that this agent is about to cap ``uuid``; True if the record changed.
+
+        A changed record must be flushed before the write it announces.
+        """
         with self._lock:
             old = self._records.get(uuid)
             if old and old.owners == owners and old.target_milliwatts == target_milliwatts:
-                if old.index != index:
-                    self._records[uuid] = _replace_index(old, index)
-                    self._dirty = True
-                return
+                if old.index == index:
+                    return False
+                self._records[uuid] = _replace_index(old, index)
+                self._dirty = True
+                return True
             since = old.since_wall if old else self._clock.wall()
             self._records[uuid] = OwnershipRecord(
                 uuid=uuid,
@@ -124,6 +155,7 @@ class OwnershipStore:
                 since_wall=since,
             )
             self._dirty = True
+            return True
 
     def reinstate(self, uuid: str, record: OwnershipRecord | None) -> None:
         """Put back what the record held for ``uuid`` before a claim (None: nothing)."""
@@ -155,17 +187,22 @@ class OwnershipStore:
             if self._blocked_by_unreadable:
                 self._set_aside()
                 if self._blocked_by_unreadable:
-                    self.flush_failures += 1
-                    return False
-            payload = _encode(self._records)
+                    return self._failed("an unreadable record could not be moved aside")
             try:
-                _atomic_write(self._path, payload)
+                write_atomically(self._path, _encode(self._records))
             except OSError as exc:
-                self.flush_failures += 1
                 log.warning("ownership flush failed, will retry path=%s error=%s", self._path, exc)
-                return False
+                return self._failed(f"{type(exc).__name__}: {exc}")
             self._dirty = False
+            self.consecutive_flush_failures = 0
+            self.last_flush_error = ""
             return True
+
+    def _failed(self, error: str) -> bool:
+        self.flush_failures += 1
+        self.consecutive_flush_failures += 1
+        self.last_flush_error = error
+        return False
 
 
 def read_records(state_dir: Path) -> dict[str, OwnershipRecord]:
@@ -173,14 +210,14 @@ def read_records(state_dir: Path) -> dict[str, OwnershipRecord]:
     (an unreadable record is reported, not moved aside; that is the agent's call)."""
     path = state_dir / FILE_NAME
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
     except FileNotFoundError:
         return {}
     except OSError as exc:
         raise OwnershipError(f"cannot read {path}: {exc}") from exc
     try:
         return _decode(raw)
-    except (ValueError, KeyError, TypeError) as exc:
+    except MalformedRecord as exc:
         raise OwnershipError(f"{path} is unreadable: {exc}") from exc
 
 
@@ -213,45 +250,62 @@ def _encode(records: Mapping[str, OwnershipRecord]) -> bytes:
 
 
 def _decode(raw: bytes) -> dict[str, OwnershipRecord]:
-    doc = json.loads(raw)
-    if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
-        raise ValueError(f"unsupported ownership format version {doc.get('version')!r}")
-    gpus = doc["gpus"]
-    if not isinstance(gpus, dict):
-        raise TypeError("gpus must be an object")
+    """Parse and check every field's type; raises MalformedRecord, nothing else."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+        raise MalformedRecord(f"not JSON: {exc}") from None
+    doc = _object(doc, "the record")
+    if doc.get("version") != FORMAT_VERSION:
+        raise MalformedRecord(f"unsupported ownership format version {doc.get('version')!r}")
     records: dict[str, OwnershipRecord] = {}
-    for uuid, entry in gpus.items():
+    for uuid, value in _object(doc.get("gpus"), "gpus").items():
+        where = f"gpus[{uuid}]"
+        entry = _object(value, where)
         owners = tuple(
-            PodRef(namespace=str(o["namespace"]), name=str(o["name"]), uid=str(o["uid"]))
-            for o in entry["owners"]
+            PodRef(
+                namespace=_string(fields.get("namespace"), f"{where}.owners[{i}].namespace"),
+                name=_string(fields.get("name"), f"{where}.owners[{i}].name"),
+                uid=_string(fields.get("uid"), f"{where}.owners[{i}].uid"),
+            )
+            for i, owner in enumerate(_list(entry.get("owners"), f"{where}.owners"))
+            for fields in (_object(owner, f"{where}.owners[{i}]"),)
         )
-        index, target = entry["index"], entry["target_milliwatts"]
-        if not isinstance(index, int) or not isinstance(target, int):
-            raise TypeError(f"gpu {uuid}: index and target_milliwatts must be integers")
-        records[str(uuid)] = OwnershipRecord(
-            uuid=str(uuid),
-            index=index,
+        records[uuid] = OwnershipRecord(
+            uuid=uuid,
+            index=_natural(entry.get("index"), f"{where}.index"),
             owners=owners,
-            target_milliwatts=target,
-            since_wall=float(entry["since"]),
+            target_milliwatts=_natural(entry.get("target_milliwatts"), f"{where}.target"),
+            since_wall=_number(entry.get("since"), f"{where}.since"),
         )
     return records
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    # The rename is durable only once the directory entry is on disk.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise MalformedRecord(f"{what}: an object, not {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise MalformedRecord(f"{what}: a list, not {type(value).__name__}")
+    return value
+
+
+def _string(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise MalformedRecord(f"{what}: a string, not {type(value).__name__}")
+    return value
+
+
+def _natural(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise MalformedRecord(f"{what}: an integer >= 0, not {value!r:.40}")
+    return value
+
+
+def _number(value: Any, what: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise MalformedRecord(f"{what}: a finite number, not {value!r:.40}")
+    return float(value)

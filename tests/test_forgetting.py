@@ -148,6 +148,20 @@ def test_an_unreadable_record_is_reported_and_left_in_place(
     assert (tmp_path / FILE_NAME).read_text() == "{not json"
 
 
+@pytest.mark.parametrize("text", ["[]", "null", '"x"', "7", "[" * 50_000 + "]" * 50_000])
+def test_a_record_of_the_wrong_shape_is_reported_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    """Valid JSON that is no record (or too deeply nested to parse) fails the command with
+    one line, exit 1, and leaves the file as it was."""
+    (tmp_path / FILE_NAME).write_text(text)
+    assert main(["forget", "--state-dir", str(tmp_path), UUIDS[0]], environ={}) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "is unreadable" in err
+    assert (tmp_path / FILE_NAME).read_text() == text
+
+
 def test_state_dir_comes_from_the_environment_twin(
     node: Node, capsys: pytest.CaptureFixture[str]
 ) -> None:

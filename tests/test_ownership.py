@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
+import pytest
+
+from agent import durable
 from agent.clock import FakeClock
-from agent.ownership import FILE_NAME, LoadStatus, OwnershipStore
+from agent.errors import OwnershipError
+from agent.ownership import FILE_NAME, LoadStatus, OwnershipStore, read_records
 from agent.pods import PodRef
 
 POD = PodRef(namespace="ml", name="train-0", uid="0f5e6a2c-1111-4222-8333-944455556666")
@@ -113,3 +119,171 @@ def test_reinstate_puts_back_what_a_claim_replaced(tmp_path: Path):
     assert store.get("GPU-b") is None
     assert store.flush()
     assert set(json.loads(store.path.read_text())["gpus"]) == {"GPU-a"}
+
+
+WRONG_SHAPES = {
+    "a list": "[]",
+    "a string": '"ownership"',
+    "a number": "42",
+    "null": "null",
+    "deep nesting": "[" * 100_000 + "]" * 100_000,
+    "gpus a list": '{"version": 1, "gpus": []}',
+    "gpus missing": '{"version": 1}',
+    "entry a string": '{"version": 1, "gpus": {"GPU-a": "capped"}}',
+    "index a bool": json.dumps(
+        {
+            "version": 1,
+            "gpus": {"GPU-a": {"index": True, "target_milliwatts": 1, "since": 0, "owners": []}},
+        }
+    ),
+    "negative target": json.dumps(
+        {
+            "version": 1,
+            "gpus": {"GPU-a": {"index": 0, "target_milliwatts": -1, "since": 0, "owners": []}},
+        }
+    ),
+    "since not finite": '{"version": 1, "gpus": {"GPU-a": {"index": 0, "target_milliwatts": 1,'
+    ' "since": NaN, "owners": []}}}',
+    "owners an object": json.dumps(
+        {
+            "version": 1,
+            "gpus": {"GPU-a": {"index": 0, "target_milliwatts": 1, "since": 0, "owners": {}}},
+        }
+    ),
+    "owner missing uid": json.dumps(
+        {
+            "version": 1,
+            "gpus": {
+                "GPU-a": {
+                    "index": 0,
+                    "target_milliwatts": 1,
+                    "since": 0,
+                    "owners": [{"namespace": "a", "name": "b"}],
+                }
+            },
+        }
+    ),
+    "owner a number": json.dumps(
+        {
+            "version": 1,
+            "gpus": {"GPU-a": {"index": 0, "target_milliwatts": 1, "since": 0, "owners": [7]}},
+        }
+    ),
+}
+
+
+@pytest.mark.parametrize("text", WRONG_SHAPES.values(), ids=WRONG_SHAPES.keys())
+def test_json_of_the_wrong_shape_is_unreadable_not_a_crash(tmp_path: Path, text: str):
+    """Valid JSON that is not a record (or nesting too deep to parse) is an unreadable record:
+    moved aside at load, reported by read_records as an OwnershipError; never a crash."""
+    (tmp_path / FILE_NAME).write_text(text)
+    with pytest.raises(OwnershipError, match="unreadable"):
+        read_records(tmp_path)
+    assert store_at(tmp_path).load() is LoadStatus.UNREADABLE
+    assert not (tmp_path / FILE_NAME).exists()
+    assert len(list(tmp_path.glob(f"{FILE_NAME}.unreadable-*"))) == 1
+
+
+def test_a_directory_at_the_record_path_is_unreadable_and_moved_aside(tmp_path: Path):
+    """An I/O error reading the record (here: its path is a directory) is an unreadable record
+    at start, not a crash: set aside, and the agent saves a fresh record after it."""
+    (tmp_path / FILE_NAME).mkdir()
+    store = store_at(tmp_path)
+    assert store.load() is LoadStatus.UNREADABLE
+    assert [p.is_dir() for p in tmp_path.glob(f"{FILE_NAME}.unreadable-*")] == [True]
+    store.claim(uuid="GPU-a", index=0, owners=(POD,), target_milliwatts=1)
+    assert store.flush()
+    assert read_records(tmp_path).keys() == {"GPU-a"}
+
+
+def test_a_symlink_at_the_record_path_is_not_followed(tmp_path: Path):
+    """A link planted where the record goes is not read through; it is set aside, and the
+    file it points at is left exactly as it was."""
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps({"version": 1, "gpus": {}}))
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / FILE_NAME).symlink_to(target)
+    with pytest.raises(OwnershipError, match="symbolic link"):
+        read_records(state)
+    store = store_at(state)
+    assert store.load() is LoadStatus.UNREADABLE
+    store.claim(uuid="GPU-a", index=0, owners=(POD,), target_milliwatts=1)
+    assert store.flush()
+    assert json.loads(target.read_text()) == {"version": 1, "gpus": {}}
+    assert not (state / FILE_NAME).is_symlink()
+
+
+def test_the_temporary_file_never_follows_a_planted_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Even a link planted at the exact temporary name a save will use (its random part made
+    predictable here) is never written through: the save fails and the target is untouched."""
+    monkeypatch.setattr(durable.secrets, "token_hex", lambda _n: "predictable")
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / f".{FILE_NAME}.tmp-predictable").symlink_to(victim)
+    store = store_at(state)
+    store.claim(uuid="GPU-a", index=0, owners=(POD,), target_milliwatts=1)
+    assert not store.flush()
+    assert victim.read_text() == "precious"
+    assert store.consecutive_flush_failures == 1
+
+
+def test_temporary_names_are_unpredictable(tmp_path: Path):
+    """Two saves use two different temporary names (an attacker cannot pre-plant one)."""
+    names: list[str] = []
+    real = durable.os.replace
+
+    def spy(src, dst):
+        names.append(Path(src).name)
+        return real(src, dst)
+
+    store = store_at(tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(durable.os, "replace", spy)
+        for target in (1, 2):
+            store.claim(uuid="GPU-a", index=0, owners=(POD,), target_milliwatts=target)
+            assert store.flush()
+    assert len(set(names)) == 2
+    assert all(n.startswith(f".{FILE_NAME}.tmp-") for n in names)
+
+
+def test_record_is_private(tmp_path: Path):
+    """The record names pods: it is written with mode 0600 whatever the umask."""
+    old = os.umask(0)
+    try:
+        store = store_at(tmp_path)
+        store.claim(uuid="GPU-a", index=0, owners=(POD,), target_milliwatts=1)
+        assert store.flush()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / FILE_NAME).stat().st_mode) == 0o600
+
+
+def test_stale_temporaries_are_removed_at_load(tmp_path: Path):
+    """Temporary files a killed agent left mid-save are removed at the next start; other files
+    in the state dir are not touched."""
+    (tmp_path / f".{FILE_NAME}.tmp-0123456789abcdef").write_text("half a rec")
+    (tmp_path / f".{FILE_NAME}.tmp-{os.getpid()}").write_text("old-style name")
+    (tmp_path / "forget").mkdir()
+    store_at(tmp_path).load()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["forget"]
+
+
+def test_consecutive_failures_reset_when_a_save_works(tmp_path: Path):
+    """The consecutive count says how long the record has been unsaved; a save resets it
+    (the total keeps counting)."""
+    state = tmp_path / "state"
+    store = store_at(state)
+    state.write_text("not a directory")
+    for target in (1, 2):
+        store.claim(uuid="GPU-a", index=0, owners=(POD,), target_milliwatts=target)
+        assert not store.flush()
+    assert (store.flush_failures, store.consecutive_flush_failures) == (2, 2)
+    assert store.last_flush_error
+    state.unlink()
+    assert store.flush()
+    assert (store.flush_failures, store.consecutive_flush_failures) == (2, 0)
