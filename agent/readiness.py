@@ -7,6 +7,11 @@ up to 2 x interval before readiness lapses. The staleness bound is what
 catches a hung cycle, which nothing else can see: nothing fails, it simply
 stops advancing.
 
+A failed cycle's reason is ``state-unwritable`` when one of its failures is
+that the ownership record could not be saved for several cycles in a row
+(the agent still enforces, but a restarted one could not release its caps);
+``cycle-failed`` otherwise. The detail is the cycle's failure summary either way.
+
 The agent's gRPC health, the stream's readiness field and the ``/readyz`` shim
 all call :func:`evaluate`, so they cannot disagree.
 """
@@ -17,6 +22,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 STALE_MULTIPLIER = 3
+# The failure summary's token for CycleFailureKind.STATE_UNWRITABLE (the shim
+# sees only the summary, so the rule reads it from there).
+STATE_UNWRITABLE_TOKEN = "state_unwritable"  # noqa: S105 - not a password
 
 
 class ReadinessReason(str, Enum):
@@ -25,6 +33,7 @@ class ReadinessReason(str, Enum):
     CYCLE_FAILED = "cycle-failed"
     STALE = "stale"
     STREAM_LOST = "stream-lost"
+    STATE_UNWRITABLE = "state-unwritable"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,9 +77,10 @@ def evaluate(
             detail=f"no cycle completed for {last_cycle_age_s:.1f}s (bound {stale_after_s:g}s)",
         )
     if not last_cycle_enforced:
+        unwritable = STATE_UNWRITABLE_TOKEN in failure_summary.split(",")
         return Readiness(
             ready=False,
-            reason=ReadinessReason.CYCLE_FAILED,
+            reason=ReadinessReason.STATE_UNWRITABLE if unwritable else ReadinessReason.CYCLE_FAILED,
             last_good_age_s=last_good_age_s,
             detail=failure_summary,
         )

@@ -16,7 +16,14 @@ Idle GPUs (no compute processes) are never written and count neither way,
 unless this agent capped them earlier: then they are released. The per-GPU
 fold never short-circuits. A shutdown request short-circuits the cycle and
 returns the fold so far: a clean prefix stays enforced, an earlier failure
-stays a failure. Persisting the ownership record is outside the result.
+stays a failure.
+
+Persisting the ownership record (see :mod:`agent.ownership`): a claim that
+changes the record is saved before its write; everything else is saved as
+the cycle ends, on every path (an abort, a shutdown short-circuit). A save
+that fails is retried and does not fail the cycle, unless the record has
+gone unsaved for ``UNSAVED_CYCLES_LIMIT`` cycles in a row: then the cycle
+fails with ``state_unwritable`` until a save succeeds.
 """
 
 from __future__ import annotations
@@ -31,13 +38,13 @@ from agent.attribution import Attributor
 from agent.capping import resolve_cap
 from agent.clock import Clock
 from agent.errors import PodViewError
+from agent.folding import CycleBuilder
 from agent.forgetting import ForgetRequests
 from agent.gpus import GpuBackend, GpuError, WriteOutcome, WriteResult
-from agent.ownership import OwnershipStore
+from agent.ownership import UNSAVED_CYCLES_LIMIT, OwnershipStore
 from agent.pods import PodInfo, PodRef, PodSnapshot, PodView
 from agent.reports import (
     AbortReason,
-    CycleFailure,
     CycleFailureKind,
     CycleReport,
     GpuResult,
@@ -112,6 +119,7 @@ class Reconciler:
         self._in_flight: InFlightWrite | None = None
         self._sequence = 0
         self._shutdown = threading.Event()
+        self._unsaved_cycles = 0  # cycles in a row that ended with the record not saved
 
     @property
     def in_flight_write(self) -> InFlightWrite | None:
@@ -136,11 +144,23 @@ class Reconciler:
     def reconcile_once(self) -> CycleReport:
         """Run one cycle and return its report. Raises only on programming errors."""
         sequence = self.next_sequence()
-        cycle = _CycleBuilder(sequence=sequence, clock=self._clock)
+        cycle = CycleBuilder(sequence=sequence, clock=self._clock)
         for listener in self._listeners:
             listener.begin_cycle(sequence)
+        failures_before = self._store.flush_failures
+        try:
+            self._reconcile(cycle)
+        finally:
+            # Every path saves, an aborted cycle's included: claims taken and
+            # releases made must reach the disk whatever stopped the cycle.
+            self._save(cycle, failures_before)
+        return cycle.finish()
+
+    def _reconcile(self, cycle: CycleBuilder) -> None:
+        """The cycle's fold, into ``cycle``."""
         if self._shutdown.is_set():
-            return cycle.finish(interrupted=True)
+            cycle.interrupted = True
+            return
 
         try:
             self._device_count = self._backend.device_count()
@@ -155,13 +175,15 @@ class Reconciler:
             snapshot = self._pods.snapshot()
         except PodViewError as exc:
             cycle.fail(CycleFailureKind.POD_VIEW_NOT_SYNCED, f"pod view not synced: {exc}")
-            return cycle.finish(abort_reason=AbortReason.POD_VIEW_NOT_SYNCED)
+            cycle.abort_reason = AbortReason.POD_VIEW_NOT_SYNCED
+            return
 
         seen: set[str] = set()
         all_idle_released = True
         for index in range(self._device_count):
             if self._shutdown.is_set():
-                return cycle.finish(interrupted=True)
+                cycle.interrupted = True
+                return
             try:
                 result = self._reconcile_gpu(index, snapshot, seen)
             except Exception as exc:  # the fold must go on to the next GPU
@@ -192,8 +214,21 @@ class Reconciler:
                 )
         if all_idle_released:
             self._release_unowned_idle = False
-        self._store.flush()  # persistence-only: retried next cycle, outside the result
-        return cycle.finish()
+
+    def _save(self, cycle: CycleBuilder, failures_before: int) -> None:
+        saved = self._store.flush()
+        self._unsaved_cycles = 0 if saved else self._unsaved_cycles + 1
+        cycle.saved(
+            unsaved_cycles=self._unsaved_cycles,
+            save_failures=self._store.flush_failures - failures_before,
+        )
+        if self._unsaved_cycles >= UNSAVED_CYCLES_LIMIT:
+            cycle.fail(
+                CycleFailureKind.STATE_UNWRITABLE,
+                f"ownership record not saved for {self._unsaved_cycles} cycles "
+                f"({self._store.last_flush_error}); a restarted agent could not release "
+                "what this one capped",
+            )
 
     def _reconcile_gpu(self, index: int, snapshot: PodSnapshot, seen: set[str]) -> GpuResult:
         try:
@@ -238,9 +273,12 @@ class Reconciler:
         # is cut short by a shutdown may still take effect, and what the record
         # holds is what a release and the shutdown sweep restore. Restoring a
         # default that was never changed is harmless.
-        self._store.claim(
+        if self._store.claim(
             uuid=uuid, index=index, owners=owners, target_milliwatts=decision.target_milliwatts
-        )
+        ):
+            # On disk before the write: a crash right after it must find the claim.
+            # A failed save does not stop the write (see _save).
+            self._store.flush()
         self._in_flight = InFlightWrite(
             index=index, uuid=uuid, milliwatts=decision.target_milliwatts
         )
@@ -350,68 +388,22 @@ class Reconciler:
                     )
                 )
                 continue
-            results.append(self._release(found, uuid, record.owners, sweep=True))
+            try:
+                results.append(self._release(found, uuid, record.owners, sweep=True))
+            except Exception as exc:  # the sweep visits every GPU whatever one does
+                log.exception("shutdown: restoring gpu=%d uuid=%s raised", found, uuid)
+                results.append(
+                    GpuResult(
+                        index=found,
+                        uuid=uuid,
+                        outcome=Outcome.FAILED,
+                        reason=Reason.INTERNAL_ERROR,
+                        message=f"restore raised {type(exc).__name__}; cap may be in place",
+                        owners=record.owners,
+                    )
+                )
         self._store.flush()
         return tuple(results)
-
-
-class _CycleBuilder:
-    """Accumulates one cycle's fold; ``finish`` freezes it into a CycleReport."""
-
-    def __init__(self, *, sequence: int, clock: Clock) -> None:
-        self._clock = clock
-        self._sequence = sequence
-        self._started_wall = clock.wall()
-        self._started_mono = clock.monotonic()
-        self._gpus: list[GpuResult] = []
-        self._failures: list[CycleFailure] = []
-
-    def add(self, result: GpuResult) -> None:
-        self._gpus.append(result)
-
-    def fail(self, kind: CycleFailureKind, message: str) -> None:
-        log.warning("cycle failure kind=%s %s", kind.value, message)
-        self._failures.append(CycleFailure(kind=kind, message=message))
-
-    def finish(
-        self, *, abort_reason: AbortReason | None = None, interrupted: bool = False
-    ) -> CycleReport:
-        return CycleReport(
-            sequence=self._sequence,
-            started_wall=self._started_wall,
-            finished_wall=self._clock.wall(),
-            started_monotonic=self._started_mono,
-            finished_monotonic=self._clock.monotonic(),
-            gpus=tuple(self._gpus),
-            failures=tuple(self._failures),
-            abort_reason=abort_reason,
-            interrupted=interrupted,
-        )
-
-
-def crashed_report(
-    *,
-    sequence: int,
-    started_wall: float,
-    started_monotonic: float,
-    clock: Clock,
-    exc: BaseException,
-) -> CycleReport:
-    """The report for a cycle that raised: failed, with no GPU results."""
-    return CycleReport(
-        sequence=sequence,
-        started_wall=started_wall,
-        finished_wall=clock.wall(),
-        started_monotonic=started_monotonic,
-        finished_monotonic=clock.monotonic(),
-        failures=(
-            CycleFailure(
-                kind=CycleFailureKind.INTERNAL_ERROR,
-                message=f"cycle raised {type(exc).__name__}: {exc}"[:300],
-            ),
-        ),
-        abort_reason=AbortReason.INTERNAL_ERROR,
-    )
 
 
 def _watts(written: WriteResult) -> int:

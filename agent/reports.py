@@ -13,6 +13,7 @@ from enum import Enum
 
 from agent.gpus import GpuErrorClass
 from agent.pods import PodRef
+from agent.readiness import STATE_UNWRITABLE_TOKEN
 
 
 class Outcome(str, Enum):
@@ -75,6 +76,8 @@ class CycleFailureKind(str, Enum):
     DEVICE_COUNT_FAILED = "device_count_failed"
     POD_VIEW_NOT_SYNCED = "pod_view_not_synced"
     INTERNAL_ERROR = "internal_error"
+    # The ownership record could not be saved for several cycles in a row.
+    STATE_UNWRITABLE = STATE_UNWRITABLE_TOKEN
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +131,10 @@ class CycleReport:
     abort_reason: AbortReason | None = None
     # True when a shutdown short-circuited the cycle: the fold so far is the result.
     interrupted: bool = False
+    # Cycles in a row, this one included, that ended with the ownership record
+    # not saved (0: saved, or nothing to save); and failed saves in this cycle.
+    unsaved_cycles: int = 0
+    save_failures: int = 0
 
     @property
     def duration_s(self) -> float:

@@ -24,8 +24,9 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from agent.clock import Clock
+from agent.folding import crashed_report
 from agent.hub import Hub
-from agent.reconciling import Reconciler, crashed_report
+from agent.reconciling import Reconciler
 from agent.reports import CycleReport
 
 log = logging.getLogger(__name__)

@@ -38,6 +38,7 @@ READINESS_REASON: Mapping[ReadinessReason, pb.ReadinessReason.ValueType] = {
     ReadinessReason.NO_CYCLE_YET: pb.READINESS_REASON_NO_CYCLE_YET,
     ReadinessReason.CYCLE_FAILED: pb.READINESS_REASON_CYCLE_FAILED,
     ReadinessReason.STALE: pb.READINESS_REASON_STALE,
+    ReadinessReason.STATE_UNWRITABLE: pb.READINESS_REASON_STATE_UNWRITABLE,
     # The agent never reports stream-lost about itself; consumers do.
     ReadinessReason.STREAM_LOST: pb.READINESS_REASON_UNSPECIFIED,
 }

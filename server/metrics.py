@@ -37,6 +37,7 @@ from types import MappingProxyType
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
 )
@@ -49,6 +50,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from agent.gpus import GpuErrorClass
+from agent.ownership import UNSAVED_CYCLES_LIMIT
 from agent.podevents import EventCounts
 from agent.reports import (
     CapSource,
@@ -179,6 +181,17 @@ class Metrics:
             "Cycles that could not read a synced pod view (they enforce nothing).",
             registry=r,
         )
+        self._save_failures = Counter(
+            "capwatch_ownership_save_failures",
+            "Attempts to save the ownership record that failed (state dir full, read-only...).",
+            registry=r,
+        )
+        self._unsaved_cycles = Gauge(
+            "capwatch_ownership_unsaved_cycles",
+            "Cycles in a row that ended with the ownership record not saved; at "
+            f"{UNSAVED_CYCLES_LIMIT} readiness fails with state-unwritable.",
+            registry=r,
+        )
         self._safe_default = Counter(
             "capwatch_safe_default",
             "GPU steps that resolved to the safe default cap, by cause.",
@@ -237,6 +250,8 @@ class Metrics:
         self._duration.observe(report.duration_s)
         if any(f.kind is CycleFailureKind.POD_VIEW_NOT_SYNCED for f in report.failures):
             self._pod_view_failures.inc()
+        self._save_failures.inc(report.save_failures)
+        self._unsaved_cycles.set(report.unsaved_cycles)
         self._precreate_gpus(g.index for g in report.gpus)
         caps = dict(self._caps)
         for result in report.gpus:

@@ -153,3 +153,34 @@ async def test_a_pending_wake_up_reaches_a_reader_that_replaced_the_event():
     asyncio.get_running_loop().call_soon(hub.publish, report(3, clock))
     hub.publish(report(2, clock))
     assert await later
+
+
+@pytest.mark.parametrize(
+    ("summary", "reason"),
+    [
+        ("state_unwritable", ReadinessReason.STATE_UNWRITABLE),
+        ("state_unwritable,gpu1:write_failed", ReadinessReason.STATE_UNWRITABLE),
+        ("gpu1:write_failed", ReadinessReason.CYCLE_FAILED),
+        ("gpu1:state_unwritable_lookalike", ReadinessReason.CYCLE_FAILED),
+    ],
+)
+def test_an_unsaved_record_has_its_own_reason(summary, reason):
+    """A failed cycle whose failures include state_unwritable reads state-unwritable (with the
+    whole summary as detail), from the summary alone, as the shim sees it; a stale one stays
+    stale."""
+    verdict = evaluate(
+        last_cycle_enforced=False,
+        last_cycle_age_s=1.0,
+        last_good_age_s=None,
+        stale_after_s=45.0,
+        failure_summary=summary,
+    )
+    assert (verdict.reason, verdict.detail) == (reason, summary)
+    stale = evaluate(
+        last_cycle_enforced=False,
+        last_cycle_age_s=50.0,
+        last_good_age_s=None,
+        stale_after_s=45.0,
+        failure_summary=summary,
+    )
+    assert stale.reason is ReadinessReason.STALE

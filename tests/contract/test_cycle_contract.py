@@ -350,7 +350,8 @@ def test_shutdown_mid_loop_returns_the_fold_so_far(
 def test_persistence_failure_stays_outside_the_cycle_result(
     rig: Rig, reconciler: Reconciler, store: OwnershipStore, tmp_path: Path
 ):
-    """A state directory that cannot be written leaves the cycle enforced; the flush is retried."""
+    """A state directory that cannot be written leaves the cycle enforced (for fewer than
+    UNSAVED_CYCLES_LIMIT cycles in a row); the flush is retried."""
     (tmp_path / "state").write_text("not a directory")
     rig.run(0, {1001: POD_A.ref.uid})
     report = reconciler.reconcile_once()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from agent.reconciling import crashed_report
+from agent.folding import crashed_report
 from agent.reports import CycleReport
 from tests.server.harness import UUIDS, ServerHarness, ok, start_harness
 

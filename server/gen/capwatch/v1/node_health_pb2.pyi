@@ -33,6 +33,10 @@ class _ReadinessReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Readi
     READINESS_REASON_NO_CYCLE_YET: _ReadinessReason.ValueType  # 2
     READINESS_REASON_CYCLE_FAILED: _ReadinessReason.ValueType  # 3
     READINESS_REASON_STALE: _ReadinessReason.ValueType  # 4
+    READINESS_REASON_STATE_UNWRITABLE: _ReadinessReason.ValueType  # 5
+    """The ownership record could not be saved for several cycles in a row: the
+    agent enforces, but a restarted agent could not release its caps.
+    """
 
 class ReadinessReason(_ReadinessReason, metaclass=_ReadinessReasonEnumTypeWrapper): ...
 
@@ -41,6 +45,10 @@ READINESS_REASON_READY: ReadinessReason.ValueType  # 1
 READINESS_REASON_NO_CYCLE_YET: ReadinessReason.ValueType  # 2
 READINESS_REASON_CYCLE_FAILED: ReadinessReason.ValueType  # 3
 READINESS_REASON_STALE: ReadinessReason.ValueType  # 4
+READINESS_REASON_STATE_UNWRITABLE: ReadinessReason.ValueType  # 5
+"""The ownership record could not be saved for several cycles in a row: the
+agent enforces, but a restarted agent could not release its caps.
+"""
 Global___ReadinessReason: _TypeAlias = ReadinessReason  # noqa: Y015
 
 class _AbortReason:
