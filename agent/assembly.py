@@ -30,6 +30,7 @@ from agent.reports import CycleReport
 from agent.running import AgentLoop, CycleThread
 from agent.scenario import Scenario, default_scenario, load_scenario
 from agent.settings import AgentSettings, BackendKind
+from agent.simlimits import PersistentLimits
 from agent.simulation import SimGpuBackend, SimPodView, SimWorld
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,12 @@ def _assemble(
         count = parts.backend.device_count()
     except GpuError as exc:
         raise BackendUnavailable(f"GPU discovery failed: {exc}") from exc
+    if count == 0:
+        # Ready with nothing to enforce would hide a node whose driver lost its
+        # GPUs (or a DaemonSet scheduled where there are none).
+        raise BackendUnavailable(
+            f"no GPUs: the {settings.gpu_backend.value} backend reports 0 devices"
+        )
     store = OwnershipStore(settings.state_dir, clock=clock)
     status = store.load()
     if status is LoadStatus.LOADED:
@@ -165,7 +172,10 @@ def _uuids(backend: GpuBackend, count: int) -> dict[int, str | None]:
 
 def _simulated(settings: AgentSettings) -> _Parts:
     scenario = load_settings_scenario(settings)
-    world = SimWorld(scenario)
+    limits = (
+        None if settings.sim_limits_file is None else PersistentLimits(settings.sim_limits_file)
+    )
+    world = SimWorld(scenario, limits=limits)
     # The scenario's processes become real cgroup files so that the real
     # attribution code runs in simulation too.
     proc_root = Path(tempfile.mkdtemp(prefix="capwatch-sim-proc-"))

@@ -56,6 +56,7 @@ class AgentSettings:
     node_name: str | None  # None only with the sim backend: the scenario names the node
     gpu_backend: BackendKind
     scenario: Path | None  # sim only; None = the built-in scenario
+    sim_limits_file: Path | None  # sim only; None = the simulated limits die with the process
     interval_s: float
     safe_default_watts: int
     annotation_key: str
@@ -153,6 +154,14 @@ _OPTIONS = (
         help="scenario file for the sim backend (default: the built-in scenario)",
     ),
     Option(
+        flag="--sim-limits-file",
+        env="CAPWATCH_SIM_LIMITS_FILE",
+        default="",
+        convert=optional_path,
+        help="sim backend: keep the simulated power limits in this file, so that they "
+        "outlive the agent as a real GPU's do (crash trials)",
+    ),
+    Option(
         flag="--interval",
         env="CAPWATCH_INTERVAL",
         default=str(DEFAULT_INTERVAL_S),
@@ -239,6 +248,7 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         node_name=values["node_name"],
         gpu_backend=values["gpu_backend"],
         scenario=values["scenario"],
+        sim_limits_file=values["sim_limits_file"],
         interval_s=values["interval"],
         safe_default_watts=values["safe_default_watts"],
         annotation_key=values["annotation_key"],
@@ -261,6 +271,8 @@ def _check_combination(settings: AgentSettings) -> None:
             raise ConfigError("--node-name", "required with the nvml backend (set NODE_NAME)")
         if settings.scenario is not None:
             raise ConfigError("--scenario", "only meaningful with --gpu-backend sim")
+        if settings.sim_limits_file is not None:
+            raise ConfigError("--sim-limits-file", "only meaningful with --gpu-backend sim")
         if not settings.proc_root.is_dir():
             raise ConfigError("--proc-root", f"{settings.proc_root} is not a directory")
     if settings.scenario is not None and not settings.scenario.is_file():

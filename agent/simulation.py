@@ -39,6 +39,7 @@ from agent.gpus import GpuError, GpuErrorClass, PowerConstraints, WriteOutcome, 
 from agent.pods import PodSnapshot
 from agent.proctree import CgroupLayout, ProcSpec, QosClass, materialise
 from agent.scenario import FaultOp, FaultSpec, GpuSpec, PodSpec, ProcessSpec, Scenario
+from agent.simlimits import PersistentLimits
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,17 @@ class SimWrite:
 class SimWorld:
     """The state of one simulated node, shared by its backend and pod view. Thread-safe."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, *, limits: PersistentLimits | None = None) -> None:
+        """``limits``: keep the power limits in a file that outlives the process (crash
+        trials); raises ConfigError if that file cannot be read."""
         self._scenario = scenario
         self._lock = threading.Lock()
         self.stop = threading.Event()  # set by interrupt(): hangs end at once
         self._cycle = 0
         self._generation = 0  # bumped on every change the pod view can see
-        self._limits_mw = [g.default_watts * _MW_PER_WATT for g in scenario.gpus]
+        self._persisted = limits
+        kept = {} if limits is None else limits.load()
+        self._limits_mw = [kept.get(g.uuid, g.default_watts * _MW_PER_WATT) for g in scenario.gpus]
         self._writes: list[SimWrite] = []
         self._faults: list[FaultSpec] = list(scenario.faults)
         self._pods: list[PodSpec] = list(scenario.pods)
@@ -269,7 +274,7 @@ class SimWorld:
         result = self._attempt(op, index, uuid, requested)
         with self._lock:
             if result.ok:
-                self._limits_mw[index] = requested
+                result = self._set_limit(index, requested, result)
             self._writes.append(
                 SimWrite(
                     cycle=cycle,
@@ -291,6 +296,24 @@ class SimWorld:
             result.outcome.value,
             result.error_class.value if result.error_class else "-",
         )
+        return result
+
+    def _set_limit(self, index: int, milliwatts: int, result: WriteResult) -> WriteResult:
+        """Make the limit the device's (on disk first when persisted); under the lock."""
+        if self._persisted is not None:
+            limits = {
+                g.uuid: mw for g, mw in zip(self._scenario.gpus, self._limits_mw, strict=True)
+            }
+            limits[self._scenario.gpus[index].uuid] = milliwatts
+            try:
+                self._persisted.save(limits)
+            except OSError as exc:
+                return WriteResult(
+                    outcome=WriteOutcome.FAILED,
+                    error_class=GpuErrorClass.UNKNOWN,
+                    detail=f"simulated limit not persisted: {exc}",
+                )
+        self._limits_mw[index] = milliwatts
         return result
 
     def _attempt(self, op: FaultOp, index: int, uuid: str, milliwatts: int) -> WriteResult:
