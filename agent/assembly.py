@@ -193,6 +193,7 @@ def _simulated(settings: AgentSettings) -> _Parts:
 def _real(settings: AgentSettings, clock: Clock) -> _Parts:
     # Imported here so that the simulator (demo, tests) never loads NVML or the
     # Kubernetes client.
+    from agent.informer import WatchPolicy  # noqa: PLC0415
     from agent.kubernetes import (  # noqa: PLC0415
         KubernetesEventSink,
         KubernetesPodView,
@@ -211,11 +212,9 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
             api_client=api,
             namespace=settings.pod_namespace,
             clock=clock,
-            stale_after=settings.interval_s,
-            # A server that keeps the connection open but stops sending is only
-            # noticed when the watch times out: keep that window short (a re-watch
-            # costs no LIST).
-            watch_timeout=60.0,
+            policy=WatchPolicy(
+                stale_after=settings.interval_s, silence_bound=settings.pod_silence_bound_s
+            ),
         )
         view.start()
     except Exception as exc:

@@ -2,20 +2,55 @@
 
 Watch streams are newline-delimited JSON records; pods are decoded straight
 from their JSON into :class:`~agent.pods.PodInfo` (the typed client models
-cost more than the few fields the agent needs).
+cost more than the few fields the agent needs). An HTTP error answer becomes
+:class:`ApiStatusError`, so that code above the client never sees its
+exception types.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import urllib3
 
+from agent.errors import CapwatchError
 from agent.pods import PodInfo, PodRef
 
 logger = logging.getLogger(__name__)
+
+
+class ApiStatusError(CapwatchError):
+    """The API server answered a request with an HTTP error status."""
+
+    def __init__(self, *, status: int, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(f"HTTP {status} {reason}")
+        self.status = status
+        self.reason = reason
+        self.retry_after = retry_after  # seconds, from a Retry-After header
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
+    """The Retry-After header in seconds (the HTTP-date form is not used by Kubernetes)."""
+    value = (headers or {}).get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def read_json(response: urllib3.HTTPResponse) -> dict[str, Any]:
+    """A whole (non-streamed) response's JSON object; the connection goes back to the pool."""
+    try:
+        data = response.data
+    finally:
+        response.release_conn()
+    decoded = json.loads(data)
+    if not isinstance(decoded, dict):
+        raise ValueError(f"expected a JSON object, got {type(decoded).__name__}")
+    return decoded
 
 
 def stream_lines(response: urllib3.HTTPResponse) -> Iterator[str]:

@@ -1,6 +1,6 @@
 """The pod view: which pods run on this node, and their annotations.
 
-Two implementations: ``agent.kubernetes`` (list+watch against the API server)
+Two implementations: ``agent.informer`` (list+watch against the API server)
 and ``agent.simulation`` (the scenario file). The loop asks for a
 :class:`PodSnapshot` once per cycle; a view that is not synced raises
 :class:`~agent.errors.PodViewError` and the cycle aborts before touching a GPU.

@@ -31,6 +31,11 @@ from agent.flags import (
 )
 
 DEFAULT_INTERVAL_S = 15.0
+# How long the pod watch may deliver nothing before the view counts as not
+# synced (agent/informer.py): much shorter than the ~105 s it took before a
+# silent watch was noticed, and a watch request per node every 15-20 s.
+DEFAULT_POD_SILENCE_BOUND_S = 30.0
+MIN_POD_SILENCE_BOUND_S = 5.0
 DEFAULT_SAFE_DEFAULT_WATTS = 300
 DEFAULT_STATE_DIR = Path("/var/lib/capwatch")
 DEFAULT_PROC_ROOT = Path("/proc")
@@ -65,6 +70,7 @@ class AgentSettings:
     kubeconfig: Path | None
     pod_namespace: str | None  # None: pods in every namespace
     pod_events: bool  # Events on owner pods (Kubernetes pod view only)
+    pod_silence_bound_s: float  # a silent pod watch is not trusted for longer
     shutdown_grace_s: float
     log_level: str
     log_format: LogFormat
@@ -78,6 +84,17 @@ def _interval(flag: str, text: str) -> float:
     value = positive_float(flag, text)
     if value > MAX_INTERVAL_S:
         raise ConfigError(flag, f"must be at most {MAX_INTERVAL_S:g} seconds, got {text!r}")
+    return value
+
+
+def _silence_bound(flag: str, text: str) -> float:
+    value = positive_float(flag, text)
+    if not MIN_POD_SILENCE_BOUND_S <= value <= MAX_INTERVAL_S:
+        raise ConfigError(
+            flag,
+            f"must be between {MIN_POD_SILENCE_BOUND_S:g} and {MAX_INTERVAL_S:g} seconds,"
+            f" got {text!r}",
+        )
     return value
 
 
@@ -213,6 +230,15 @@ _OPTIONS = (
         "would say changes (Kubernetes pod view only; needs create on events)",
     ),
     Option(
+        flag="--pod-silence-bound",
+        env="CAPWATCH_POD_SILENCE_BOUND",
+        default=f"{DEFAULT_POD_SILENCE_BOUND_S:g}",
+        convert=_silence_bound,
+        help="seconds the pod watch may deliver nothing (no event, no bookmark, no clean "
+        "end) before the pod view counts as not synced and cycles abort; watches are "
+        "renewed every 1/2 to 2/3 of it (Kubernetes pod view only)",
+    ),
+    Option(
         flag="--shutdown-grace",
         env="CAPWATCH_SHUTDOWN_GRACE",
         default="20",
@@ -257,6 +283,7 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         kubeconfig=values["kubeconfig"],
         pod_namespace=values["pod_namespace"],
         pod_events=values["pod_events"],
+        pod_silence_bound_s=values["pod_silence_bound"],
         shutdown_grace_s=values["shutdown_grace"],
         log_level=values["log_level"],
         log_format=values["log_format"],

@@ -28,6 +28,7 @@ import kubernetes.client
 
 from agent.attribution import Attributor, FsProcRoot
 from agent.clock import SystemClock
+from agent.informer import WatchPolicy
 from agent.kubernetes import KubernetesPodView
 from agent.ownership import OwnershipStore
 from agent.pods import PodInfo, PodRef, PodView
@@ -168,7 +169,9 @@ def main() -> int:
     config = kubernetes.client.Configuration(host=server.url)
     config.retries = False
     api = kubernetes.client.ApiClient(config)
-    view = KubernetesPodView(node_name=NODE, api_client=api, clock=SystemClock(), stale_after=15)
+    view = KubernetesPodView(
+        node_name=NODE, api_client=api, clock=SystemClock(), policy=WatchPolicy(stale_after=15)
+    )
     view.start()
     try:
         deadline = time.monotonic() + 10

@@ -8,6 +8,9 @@ gets exactly the cycles it missed, or a snapshot marked ``resync`` when the
 agent no longer buffers them or restarted. It never gives up on its own: stop
 iterating (or call :meth:`NodeHealthClient.close`) to stop. See docs/client.md.
 
+The wait between attempts is :mod:`server.backoff`'s: 0.2 s doubling to 10 s
+for a network target, at most one agent interval (and 1 s) on a unix socket.
+
 Example::
 
     async with NodeHealthClient(target="unix:///run/capwatch/agent.sock") as client:
@@ -32,7 +35,6 @@ import logging
 import math
 import random
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -41,6 +43,7 @@ import grpc
 
 from agent.clock import SystemClock
 from agent.errors import CapwatchError, ConfigError
+from server.backoff import LOCAL_CHANNEL_OPTIONS, Backoff, is_local, local_backoff
 from server.events import (
     Cycle,
     DeviceList,
@@ -110,35 +113,6 @@ class MonotonicClock(Protocol):
     def monotonic(self) -> float: ...
 
 
-@dataclass(frozen=True, kw_only=True)
-class Backoff:
-    """Exponential backoff with full jitter.
-
-    Failure ``attempt`` (0 for the first since a message arrived) waits a
-    uniformly random time in ``[0, min(max_s, initial_s * multiplier**attempt)]``,
-    so thousands of clients cut off at once do not reconnect in step.
-    """
-
-    initial_s: float = 0.2
-    max_s: float = 10.0
-    multiplier: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.max_s) and 0 < self.initial_s <= self.max_s):
-            raise ConfigError("backoff", "need 0 < initial_s <= max_s, both finite")
-        if not (math.isfinite(self.multiplier) and self.multiplier >= 1):
-            raise ConfigError("backoff", "multiplier must be at least 1")
-
-    def ceiling(self, attempt: int) -> float:
-        try:
-            return min(self.max_s, self.initial_s * self.multiplier**attempt)
-        except OverflowError:
-            return self.max_s
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return rng.uniform(0.0, self.ceiling(attempt))
-
-
 _E = TypeVar("_E")
 _Call = grpc.aio.UnaryStreamCall[Any, Any]
 _CLOSED = object()
@@ -201,8 +175,10 @@ class NodeHealthClient:
                 certificate_chain=certificate_chain,
             )
         self.target = target
+        self._local = is_local(target)
         self._credentials = credentials
-        self._options = tuple({**dict(CHANNEL_OPTIONS), **dict(options)}.items())
+        local_options = dict(LOCAL_CHANNEL_OPTIONS) if self._local else {}
+        self._options = tuple({**dict(CHANNEL_OPTIONS), **local_options, **dict(options)}.items())
         self._heartbeat_s = heartbeat_interval
         self._filter = pb.DeviceFilter(indexes=list(indexes), uuids=list(uuids))
         self.backoff = backoff or Backoff()
@@ -244,6 +220,14 @@ class NodeHealthClient:
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
+
+    @property
+    def reconnect_backoff(self) -> Backoff:
+        """The backoff in effect now: ``backoff``, capped on a unix socket at the
+        agent's interval (once a snapshot has told it) and at 1 s."""
+        if not self._local:
+            return self.backoff
+        return local_backoff(self.backoff, interval_s=self._interval_s)
 
     def events(self, *, since: int = 0, instance_id: str = "") -> AsyncGenerator[Event, None]:
         """Typed events, reconnecting for ever; resume after ``since`` of ``instance_id``.
@@ -415,7 +399,7 @@ class NodeHealthClient:
                     await _end(call, channel)
                 if self._closed.is_set():
                     return
-                retry_in = self.backoff.delay(attempt, self._rng)
+                retry_in = self.reconnect_backoff.delay(attempt, self._rng)
                 log.info(
                     "stream lost target=%s code=%s error=%r attempt=%d retry_in=%.3f",
                     self.target,

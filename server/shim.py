@@ -6,7 +6,10 @@ client library, and answers ``GET /readyz`` on port 8081: 200 while the
 readiness rule holds, 503 otherwise, with the reason and the last good
 cycle's age in a one-line body. It fails closed: from the moment the stream
 is lost until a fresh good cycle arrives, the answer is 503 ``stream-lost``.
-A port that cannot be bound is fatal at start.
+On the unix socket the client retries at least once per agent interval (and
+once a second; :mod:`server.backoff`), so after an agent outage the answer is
+200 again within about one interval of the agent's return. A port that cannot
+be bound is fatal at start.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.settings import add_agent_arguments, agent_settings
 from server.cli import main
 
 CAPWATCH = [sys.executable, "-m", "server.cli"]
@@ -47,6 +49,12 @@ CAPWATCH = [sys.executable, "-m", "server.cli"]
             {"CAPWATCH_POD_EVENTS": "2"},
             "--pod-events (from $CAPWATCH_POD_EVENTS): must be true or false",
         ),
+        (["--pod-silence-bound", "2"], {}, "--pod-silence-bound: must be between 5 and 3600"),
+        (
+            [],
+            {"CAPWATCH_POD_SILENCE_BOUND": "soon"},
+            "--pod-silence-bound (from $CAPWATCH_POD_SILENCE_BOUND): not a number",
+        ),
         (
             ["--gpu-backend", "sim", "--state-dir", "/proc/capwatch"],
             {},
@@ -65,6 +73,19 @@ def test_invalid_configuration_exits_2_with_one_line(
     assert err.count("\n") == 1, err
     assert err.startswith("capwatch agent: error: ")
     assert expected in err
+
+
+def test_pod_silence_bound_defaults_to_30_seconds_and_has_an_env_twin(tmp_path: Path):
+    """--pod-silence-bound is 30 s unless set; $CAPWATCH_POD_SILENCE_BOUND sets it, and
+    the flag wins over its twin."""
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    base = ["--gpu-backend", "sim", "--state-dir", str(tmp_path / "state")]
+    env = {"CAPWATCH_POD_SILENCE_BOUND": "12.5"}
+    assert agent_settings(parser.parse_args(base), {}).pod_silence_bound_s == 30.0
+    assert agent_settings(parser.parse_args(base), env).pod_silence_bound_s == 12.5
+    flagged = parser.parse_args([*base, "--pod-silence-bound", "45"])
+    assert agent_settings(flagged, env).pod_silence_bound_s == 45.0
 
 
 def test_unknown_flag_is_one_line_too(capsys):

@@ -120,3 +120,90 @@ def test_agent_caps_from_annotations_and_restores_on_sigterm(
         ], err
     finally:
         server.stop()
+
+
+def test_a_stalled_pod_watch_aborts_cycles_within_the_silence_bound(
+    tmp_path: Path, fake_nvml_library: Path
+):
+    """The API server keeps the agent's watch open but stops sending: within the
+    silence bound (--pod-silence-bound, 5 s here) cycles stop claiming to enforce
+    (they abort, pod view not synced) and the cap stays as it was; once the watch
+    delivers again the annotation changed during the stall is applied and cycles
+    are enforced again, without a second LIST."""
+    bound = 5.0
+    server = FakeKubeApiServer()
+    server.start()
+    try:
+        server.add_pod("ml", "trainer", node=NODE, uid=UID_A, annotations={KEY: "250"})
+        proc_root = tmp_path / "proc"
+        materialise(proc_root, [ProcSpec(pid=4001, pod_uid=UID_A)])
+        log_file = tmp_path / "nvml-writes.log"
+        config = FakeConfig(
+            devices=(FakeDevice(uuid=UUIDS[0], pids=(4001,)),), log_file=log_file
+        ).write(tmp_path / "fake-nvml.conf")
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "CAPWATCH_"))
+        }
+        env.update(
+            FAKE_NVML_CONFIG=str(config),
+            NODE_NAME=NODE,
+            KUBECONFIG=str(kubeconfig(tmp_path / "kubeconfig", server.url)),
+            CAPWATCH_PROC_ROOT=str(proc_root),
+            CAPWATCH_STATE_DIR=str(tmp_path / "state"),
+            CAPWATCH_INTERVAL="0.1",
+            CAPWATCH_POD_SILENCE_BOUND=str(bound),
+            CAPWATCH_POD_EVENTS="false",
+            CAPWATCH_GRPC_LISTEN="127.0.0.1:0",
+            CAPWATCH_METRICS_PORT="0",
+        )
+        stderr = tmp_path / "agent.err"
+        with stderr.open("w") as err_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "server.cli", "agent", "--gpu-backend", "nvml"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err_file,
+                text=True,
+            )
+        try:
+
+            def writes() -> list[int]:
+                if not log_file.exists():
+                    return []
+                return [e.milliwatts for e in read_log_file(log_file) if e.rc == 0]
+
+            def cycles_since(mark: int) -> list[str]:
+                lines = stderr.read_text().splitlines()[mark:]
+                return [line for line in lines if "cycle seq=" in line]
+
+            wait_for(lambda: 250_000 in writes(), "the first cap", proc)
+            server.stall_watches()
+            mark = len(stderr.read_text().splitlines())
+            server.update_pod("ml", "trainer", annotations={KEY: "260"})
+            wait_for(
+                lambda: any("enforced=false" in c for c in cycles_since(mark)),
+                "an aborted cycle",
+                proc,
+                timeout=bound + 20,
+            )
+            aborted = next(c for c in cycles_since(mark) if "enforced=false" in c)
+            assert "pod_view_not_synced" in aborted
+            assert 260_000 not in writes()  # the cap stayed as it was
+            server.stall_watches(False)
+            wait_for(lambda: 260_000 in writes(), "the missed annotation applied", proc)
+            mark = len(stderr.read_text().splitlines())
+            wait_for(
+                lambda: any("enforced=true" in c for c in cycles_since(mark)),
+                "an enforced cycle",
+                proc,
+            )
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0, stderr.read_text()
+        finally:
+            proc.kill()
+        assert server.count("list") == 1
+        timeouts = {int(w.query["timeoutSeconds"]) for w in server.requests("watch")}
+        assert timeouts <= {2, 3}, timeouts  # within [bound/2, 2*bound/3]
+    finally:
+        server.stop()

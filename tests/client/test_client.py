@@ -61,6 +61,12 @@ def closed_port() -> Iterator[str]:
         yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
+@pytest.fixture
+def short_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A directory with a short path: a unix socket path must fit in 108 bytes."""
+    return tmp_path_factory.mktemp("cw", numbered=True)
+
+
 class TopOfRange(random.Random):
     """A 'random' source that always picks the longest allowed wait."""
 
@@ -233,6 +239,36 @@ async def test_backoff_grows_is_capped_and_jittered(closed_port: str):
     assert [e.retry_in for e in lost] == expected
     assert len(set(expected)) == 6  # jittered: no two waits alike
     assert {e.code for e in lost} == {grpc.StatusCode.UNAVAILABLE}
+
+
+async def test_a_unix_socket_target_retries_at_least_once_a_second(short_dir):
+    """On a unix socket (the agent on this machine) the longest wait between attempts
+    is 1 s, where a network target's grows to 10 s."""
+    async with NodeHealthClient(
+        target=f"unix://{short_dir}/absent.sock", rng=TopOfRange()
+    ) as client:
+        events = client.events()
+        lost = [await next_of(events, Disconnected) for _ in range(5)]
+        await events.aclose()
+    assert [e.retry_in for e in lost] == [0.2, 0.4, 0.8, 1.0, 1.0]
+    assert NodeHealthClient(target="127.0.0.1:1").reconnect_backoff == Backoff()
+
+
+async def test_a_unix_socket_target_retries_once_an_interval_when_that_is_shorter(
+    servers: list[ServerHarness], short_dir
+):
+    """Once the agent's snapshot has said its interval (0.5 s here), the waits on a
+    unix socket are capped at that interval."""
+    target = f"unix://{short_dir}/agent.sock"
+    local = await start_harness(settings=settings_for(target), interval_s=0.5)
+    servers.append(local)
+    async with NodeHealthClient(target=target, rng=TopOfRange()) as client:
+        events = client.events()
+        assert isinstance(await anext(events), Snapshot)
+        await local.server.stop()
+        lost = [await next_of(events, Disconnected) for _ in range(4)]
+        await events.aclose()
+    assert [e.retry_in for e in lost] == [0.2, 0.4, 0.5, 0.5]
 
 
 async def test_silent_stream_is_presumed_dead_and_resumed(harness: ServerHarness):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import socketserver
 import threading
 import time
@@ -38,10 +37,9 @@ from tests.fakes.kube_store import (
     Pod,
     PodStore,
     SelectorError,
-    bookmark_object,
     status_body,
-    watch_object,
 )
+from tests.fakes.kube_watch import WatchEndpoint
 
 RequestKind = Literal["list", "watch", "event"]
 GoneMode = Literal["http", "event"]
@@ -55,6 +53,7 @@ class RequestRecord:
     path: str
     query: dict[str, str]
     at: float  # time.monotonic()
+    peer: int = 0  # the client's port: one TCP connection per distinct value
 
 
 @dataclass(kw_only=True)
@@ -62,20 +61,6 @@ class _Fault:
     code: int
     retry_after: int | None
     in_stream: bool
-
-
-@dataclass(kw_only=True)
-class _WatchState:
-    """One open watch: where it is in the history and which controls it has seen."""
-
-    selector: FieldSelector
-    bookmarks: bool
-    deadline: float | None
-    cursor: int
-    drop_gen: int
-    end_gen: int
-    bookmark_gen: int
-    pending: list[tuple[str, Pod]] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -97,9 +82,17 @@ class _Controls:
 class FakeKubeApiServer:
     """The fake API server. ``start()`` before use, ``stop()`` after."""
 
-    def __init__(self, *, gone_mode: GoneMode = "event", history_limit: int = 1000) -> None:
+    def __init__(
+        self,
+        *,
+        gone_mode: GoneMode = "event",
+        history_limit: int = 1000,
+        bookmark_frequency: float = 60.0,
+    ) -> None:
         self.store = PodStore(history_limit=history_limit)
         self.gone_mode: GoneMode = gone_mode
+        # Seconds between the periodic BOOKMARKs of a watch that allows them.
+        self.bookmark_frequency = bookmark_frequency
         self._ctl = _Controls()
         self._requests: list[RequestRecord] = []
         self._events: list[dict[str, Any]] = []  # created by POST (tests/fakes/kube_events.py)
@@ -293,7 +286,7 @@ class _Server(ThreadingHTTPServer):
         self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
 
 
-class _Handler(EventsEndpoint, BaseHTTPRequestHandler):
+class _Handler(EventsEndpoint, WatchEndpoint, BaseHTTPRequestHandler):
     fake: FakeKubeApiServer  # set on the per-server subclass
     protocol_version = "HTTP/1.1"
     server_version = "fake-kube-apiserver/1"
@@ -320,7 +313,13 @@ class _Handler(EventsEndpoint, BaseHTTPRequestHandler):
         watching = query.get("watch", "").lower() in ("true", "1")
         kind: RequestKind = "watch" if watching else "list"
         fault, hang = self.fake._admit(
-            RequestRecord(kind=kind, path=url.path, query=query, at=time.monotonic())
+            RequestRecord(
+                kind=kind,
+                path=url.path,
+                query=query,
+                at=time.monotonic(),
+                peer=int(self.client_address[1]),
+            )
         )
         if fault is not None and fault.in_stream and watching:
             self._send_stream_error(status_body(fault.code, "injected fault"))
@@ -369,111 +368,6 @@ class _Handler(EventsEndpoint, BaseHTTPRequestHandler):
             metadata["remainingItemCount"] = page.remaining
         body = {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": page.items}
         self._send_json(200, body)
-
-    # -- watch ------------------------------------------------------------------
-
-    def _watch(self, selector: FieldSelector, query: dict[str, str]) -> None:
-        fake, store, ctl = self.fake, self.fake.store, self.fake._ctl
-        timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
-        raw_rv = query.get("resourceVersion", "")
-        with store.cond:
-            state = _WatchState(
-                selector=selector,
-                bookmarks=query.get("allowWatchBookmarks", "").lower() in ("true", "1"),
-                deadline=None if timeout is None else time.monotonic() + timeout,
-                cursor=store.resource_version,
-                drop_gen=ctl.drop_gen,
-                end_gen=ctl.end_gen,
-                bookmark_gen=ctl.bookmark_gen,
-            )
-            if raw_rv in ("", "0"):
-                # No version: synthetic ADDED for the current state, then changes.
-                state.pending = [("ADDED", p) for p in store.current_matching(selector)]
-            else:
-                try:
-                    state.cursor = int(raw_rv)
-                except ValueError as err:
-                    raise SelectorError(f"invalid resourceVersion: {raw_rv!r}") from err
-                if state.cursor < store.oldest_rv and fake.gone_mode == "http":
-                    raise ExpiredError(
-                        f"too old resource version: {state.cursor} ({store.oldest_rv})"
-                    )
-                # In "event" mode an expired cursor surfaces from events_after
-                # as an ERROR event on the open stream.
-            ctl.open_watches += 1
-        try:
-            self._stream(state)
-        finally:
-            with store.cond:
-                ctl.open_watches -= 1
-
-    def _stream(self, state: _WatchState) -> None:
-        self._start_stream()
-        try:
-            while True:
-                action, events = self._next_events(state)
-                if action == "abort":
-                    self._abort()
-                    return
-                for event in events:
-                    self._chunk((json.dumps(event) + "\n").encode())
-                if action == "end":
-                    self._chunk(b"")
-                    return
-        except (BrokenPipeError, ConnectionResetError):
-            # The client went away; nothing to tell it.
-            self.close_connection = True
-
-    def _next_events(self, state: _WatchState) -> tuple[str, list[dict[str, Any]]]:
-        """Block until there is something to send: ("send"|"end", events) or "abort"."""
-        store, ctl = self.fake.store, self.fake._ctl
-        if state.pending:
-            pending, state.pending = state.pending, []
-            return "send", [{"type": t, "object": watch_object(o)} for t, o in pending]
-        with store.cond:
-            while True:
-                if ctl.stopping or ctl.drop_gen != state.drop_gen:
-                    return "abort", []
-                if ctl.stalled:
-                    store.cond.wait(0.05)
-                    continue
-                if ctl.end_gen != state.end_gen:
-                    return "end", []
-                try:
-                    found, state.cursor = store.events_after(state.cursor, state.selector)
-                except ExpiredError as err:
-                    return "end", [{"type": "ERROR", "object": status_body(410, str(err))}]
-                if found:
-                    return "send", [{"type": t, "object": watch_object(o)} for t, o in found]
-                if state.bookmarks and ctl.bookmark_gen != state.bookmark_gen:
-                    state.bookmark_gen = ctl.bookmark_gen
-                    return "send", [{"type": "BOOKMARK", "object": bookmark_object(state.cursor)}]
-                now = time.monotonic()
-                if state.deadline is not None and now >= state.deadline:
-                    return "end", []
-                remaining = 0.05 if state.deadline is None else state.deadline - now
-                store.cond.wait(max(0.001, min(0.05, remaining)))
-
-    def _send_stream_error(self, status: dict[str, Any]) -> None:
-        self._start_stream()
-        self._chunk((json.dumps({"type": "ERROR", "object": status}) + "\n").encode())
-        self._chunk(b"")
-
-    def _start_stream(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
-
-    def _abort(self) -> None:
-        """Cut the connection without finishing the response."""
-        self.close_connection = True
-        with contextlib.suppress(OSError):
-            self.connection.shutdown(socket.SHUT_RDWR)
 
     def _send_json(
         self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None

@@ -3,6 +3,7 @@ and a factory of pod views using that client."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,6 +12,7 @@ import kubernetes.client
 import pytest
 
 from agent.clock import SystemClock
+from agent.informer import WatchPolicy
 from agent.kubernetes import KubernetesPodView
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.support import NODE
@@ -37,6 +39,7 @@ def kube_api_client(kube_apiserver: FakeKubeApiServer) -> Iterator[kubernetes.cl
 
 
 ViewFactory = Callable[..., KubernetesPodView]
+_POLICY_FIELDS = {field.name for field in dataclasses.fields(WatchPolicy)}
 
 
 @pytest.fixture
@@ -46,18 +49,22 @@ def make_view(kube_api_client: kubernetes.client.ApiClient) -> Iterator[ViewFact
     views: list[KubernetesPodView] = []
 
     def factory(*, start: bool = True, **overrides: Any) -> KubernetesPodView:
-        settings: dict[str, Any] = {
-            "node_name": NODE,
-            "api_client": kube_api_client,
-            "clock": SystemClock(),
+        """``overrides``: WatchPolicy fields and KubernetesPodView arguments alike."""
+        timings: dict[str, Any] = {
             "stale_after": 0.4,
             "backoff_initial": 0.005,
             "backoff_max": 0.02,
             "request_timeout": 5.0,
+        }
+        settings: dict[str, Any] = {
+            "node_name": NODE,
+            "api_client": kube_api_client,
+            "clock": SystemClock(),
             "rng": random.Random(7),
         }
-        settings.update(overrides)
-        view = KubernetesPodView(**settings)
+        for name, value in overrides.items():
+            (timings if name in _POLICY_FIELDS else settings)[name] = value
+        view = KubernetesPodView(policy=WatchPolicy(**timings), **settings)
         views.append(view)
         if start:
             view.start()

@@ -8,6 +8,7 @@ import pytest
 
 from agent.clock import SystemClock
 from agent.errors import ConfigError
+from agent.informer import WatchPolicy
 from agent.kubernetes import KubernetesPodView, api_client_from_environment
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.support import NODE, is_synced, names, wait_until
@@ -45,7 +46,10 @@ def test_kubeconfig_client_drives_a_pod_view(
         assert client.configuration.retries is False
         assert client.configuration.keep_alive is True
         view = KubernetesPodView(
-            node_name=NODE, api_client=client, clock=SystemClock(), stale_after=1.0
+            node_name=NODE,
+            api_client=client,
+            clock=SystemClock(),
+            policy=WatchPolicy(stale_after=1.0),
         )
         view.start()
         try:

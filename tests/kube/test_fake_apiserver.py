@@ -6,6 +6,7 @@ events and Status errors into its models exactly as it does a real server's.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import json
 from typing import Any
@@ -143,6 +144,43 @@ def test_watch_streams_typed_events_and_bookmarks(
     watch = kube_apiserver.requests("watch")[0]
     assert watch.query["watch"] == "true"
     assert watch.query["timeoutSeconds"] == "1"
+
+
+def test_watch_bookmarks_come_as_the_real_watch_cache_sends_them(
+    kube_apiserver: FakeKubeApiServer, core: kubernetes.client.CoreV1Api
+) -> None:
+    """With allowWatchBookmarks a quiet watch gets one BOOKMARK 2 s before its deadline
+    (at the current resourceVersion) and then its clean end; without it, nothing at
+    all; and every bookmark_frequency seconds when that is shorter."""
+
+    def quiet_watch(
+        server: FakeKubeApiServer, *, bookmarks: bool, timeout: int
+    ) -> list[tuple[str, str]]:
+        client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=server.url))
+        with client:
+            stream = kubernetes.watch.Watch().stream(
+                kubernetes.client.CoreV1Api(client).list_pod_for_all_namespaces,
+                resource_version=str(server.resource_version),
+                allow_watch_bookmarks=bookmarks,
+                timeout_seconds=timeout,
+            )
+            return [(e["type"], e["raw_object"]["metadata"]["resourceVersion"]) for e in stream]
+
+    kube_apiserver.add_pod("ns", "a", node=NODE)
+    frequent = FakeKubeApiServer(bookmark_frequency=0.2)
+    frequent.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor() as pool:
+            allowed = pool.submit(quiet_watch, kube_apiserver, bookmarks=True, timeout=3)
+            refused = pool.submit(quiet_watch, kube_apiserver, bookmarks=False, timeout=3)
+            often = pool.submit(quiet_watch, frequent, bookmarks=True, timeout=3)
+            assert allowed.result() == [("BOOKMARK", str(kube_apiserver.resource_version))]
+            assert refused.result() == []
+            kinds = often.result()
+    finally:
+        frequent.stop()
+    assert len(kinds) >= 2  # 0.2 s apart until 2 s before the deadline
+    assert {kind for kind, _ in kinds} == {"BOOKMARK"}
 
 
 def test_watch_transport_is_chunked(

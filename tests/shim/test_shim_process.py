@@ -8,6 +8,7 @@ process on the machine share.
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -240,6 +241,34 @@ async def test_agent_killed_fails_closed_until_a_fresh_good_cycle(
     assert {a.reason for a in shim.history[resumed:-1]} <= {"stream-lost"}
     assert back.good_age_s is not None
     assert back.good_age_s < 3 * 1.5
+
+
+async def test_ready_again_within_about_an_interval_after_an_agent_outage(
+    launch: Launcher, short_dir: Path
+) -> None:
+    """After an outage long enough for a network target's backoff to reach seconds,
+    the shim on the agent's unix socket has retried at least once an interval (never
+    a longer wait), and answers 200 again within a few intervals of the new agent
+    serving, not the up to 10 s more of the old backoff."""
+    interval = 0.5
+    sock = short_dir / "agent.sock"
+    agent = await launch.agent(sock, interval_s=interval)
+    shim = await launch.shim(f"unix://{sock}")
+    await shim.until(lambda a: a.status == 200, within=START_S, what="200 from a real agent")
+
+    agent.send(signal.SIGKILL)
+    await shim.until(lambda a: a.reason == "stream-lost", within=START_S, what="503")
+    # Uncapped, the waits would now be 0.2, 0.4, 0.8, 1.6, 3.2 s... (full jitter).
+    await shim.probe_for(4.0)
+    await launch.agent(sock, interval_s=interval)  # returns once it is serving
+    back = time.monotonic()
+    ready = await shim.until(lambda a: a.status == 200, within=START_S, what="200 again")
+    waits = [float(w) for w in re.findall(r"retry_in=([0-9.]+)", shim.err())]
+    assert len(waits) >= 4, shim.err()
+    assert max(waits) <= interval, shim.err()
+    # A reconnect (at most one interval) and a fresh cycle (at most one more),
+    # with room for a loaded machine.
+    assert ready.received - back < 2 + 4 * interval, shim.err()
 
 
 @pytest.mark.parametrize("agent_up", [True, False], ids=["streaming", "agent-unreachable"])
