@@ -1,25 +1,22 @@
-"""The pod informer: a list+watch cache of this node's pods, and when it may be trusted.
+"""The informer pattern: a list+watch of one kind of object, and when it may be trusted.
 
-The informer pattern: one LIST of the pods with ``spec.nodeName=<node>`` (paged),
-then a WATCH from the list's resourceVersion with bookmarks, applied to an
-in-memory cache keyed by pod UID. A 410 Gone (HTTP or ERROR event) triggers a
-relist; any other failure retries the watch from the last resourceVersion
-after a bounded, jittered exponential backoff. A watch that ends normally
-resumes at once from the last resourceVersion, with no LIST.
+One LIST (paged), then a WATCH from the list's resourceVersion with bookmarks,
+each object handed to a :class:`Store`. A 410 Gone (HTTP or ERROR event)
+triggers a relist; any other failure retries the watch from the last
+resourceVersion after a bounded, jittered exponential backoff. A watch that
+ends normally resumes at once from the last resourceVersion, with no LIST.
+It runs on a daemon thread; the store is called on that thread.
 
-``snapshot()`` hands out the cache only while it is known to be in sync;
-otherwise it raises :class:`~agent.errors.PodViewError`, and the cycle aborts
-before touching a GPU (caps stay as they are, the cycle fails, readiness
-drops). Known in sync means all of:
+:meth:`Informer.sync_problem` says why the store cannot be trusted now, or
+None when it can. Known in sync means all of:
 
 - the first LIST has completed;
-- requests have not been failing for longer than ``stale_after`` (the agent
-  passes one interval);
+- requests have not been failing for longer than ``stale_after``;
 - the API server has *delivered* something within the silence bound ``B``
-  (``--pod-silence-bound``, 30 s by default): a LIST completed, a watch event
-  arrived (a BOOKMARK counts), or a watch ended cleanly. A watch that was
-  opened and has sent nothing since does not count: a stalled server or a
-  dead connection looks exactly like that.
+  (30 s by default): a LIST completed, a watch event arrived (a BOOKMARK
+  counts), or a watch ended cleanly. A watch that was opened and has sent
+  nothing since does not count: a stalled server or a dead connection looks
+  exactly like that.
 
 A healthy quiet watch stays inside the bound because each watch asks the
 server to end it after ``timeoutSeconds`` drawn from ``[B/2, 2B/3]`` (15-20 s
@@ -30,22 +27,10 @@ connection: one cheap request per watch period, no LIST. The socket read
 timeout is ``B`` as well, so a watch that sends no byte for ``B`` seconds is
 abandoned and re-opened (from the last resourceVersion, no LIST).
 
-The worst case, exactly: a snapshot is handed out at time ``t`` only if the
-last delivery was at or after ``t - B``, so every cycle that reports itself
-enforced acted on every pod change the API server had committed more than
-``B`` seconds before it (give or take the server's own watch-cache lag). A
-watch that goes silent makes the first cycle starting more than ``B`` after
-its last delivery abort; readiness drops with that cycle, at most ``B`` plus
-one interval (and one cycle's duration) after the last delivery. The view is
-synced again at the first event, bookmark or clean end after the server
-delivers again.
-
-Pods in phase Succeeded/Failed stay in the cache until deleted: their processes
-are gone, so they can never own a GPU, and dropping them would only add a rule.
-
-The requests themselves (:class:`PodRequests`) are the client library's business
-(:mod:`agent.kubernetes`); their raw responses are decoded here with
-:mod:`agent.kubewire`.
+The requests themselves (:class:`ListWatchRequests`) are the client library's
+business (one module per package imports it); their raw responses are decoded
+here with :mod:`agent.kubewire`. The agent's pod view is built on this in
+:mod:`agent.podcache`, where the exact worst case for pods is written down.
 """
 
 from __future__ import annotations
@@ -55,24 +40,21 @@ import json
 import logging
 import random
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 import urllib3
 import urllib3.exceptions
 
 from agent.clock import Clock
-from agent.errors import PodViewError
 from agent.kubewire import (
     ApiStatusError,
     as_mapping,
-    pod_info,
     read_json,
     shutdown_response,
     stream_lines,
 )
-from agent.pods import PodInfo, PodSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +76,7 @@ _TRANSIENT = (
 )
 
 
-class PodRequests(Protocol):
+class ListWatchRequests(Protocol):
     """The informer's two requests, answered as raw, unread urllib3 responses.
 
     An HTTP error status raises :class:`~agent.kubewire.ApiStatusError`; transport
@@ -102,7 +84,7 @@ class PodRequests(Protocol):
     """
 
     def list(self, *, limit: int, continue_token: str, timeout: float) -> urllib3.HTTPResponse:
-        """One page of the pod LIST."""
+        """One page of the LIST."""
         ...
 
     def watch(
@@ -113,7 +95,7 @@ class PodRequests(Protocol):
         connect_timeout: float,
         read_timeout: float,
     ) -> urllib3.HTTPResponse:
-        """A streamed pod WATCH with bookmarks, from ``resource_version``."""
+        """A streamed WATCH with bookmarks, from ``resource_version``."""
         ...
 
 
@@ -140,6 +122,16 @@ class WatchPolicy:
         return max(1, int(self.silence_bound * (0.5 + rng.random() / 6)))
 
 
+class Store(Protocol):
+    """Where an informer puts what it lists and watches (called on its thread)."""
+
+    def replace(self, objects: list[Mapping[str, Any]]) -> None:
+        """A LIST completed: these are all the objects there are."""
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """A watch event: ``kind`` is ADDED, MODIFIED or DELETED."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class InformerStats:
     """Counters since construction, for metrics and benchmarks."""
@@ -159,22 +151,23 @@ class _WatchError(Exception):
     """The watch stream carried an ERROR event other than 410."""
 
 
-class PodInformer:
-    """A :class:`~agent.pods.PodView` kept current by list+watch in a daemon thread."""
+class Informer:
+    """A list+watch of one kind of object into a :class:`Store`, on a daemon thread."""
 
     def __init__(
         self,
         *,
-        node_name: str,
-        requests: PodRequests,
+        what: str,
+        requests: ListWatchRequests,
+        store: Store,
         clock: Clock,
         policy: WatchPolicy,
         rng: random.Random | None = None,
     ) -> None:
-        if not node_name:
-            raise ValueError("node_name must not be empty")
-        self._node = node_name
+        """``what`` names the objects in logs and problems (``pods on node n1``)."""
+        self._what = what
         self._requests = requests
+        self._store = store
         self._clock = clock
         self._policy = policy
         self._rng = rng or random.Random()
@@ -184,10 +177,8 @@ class PodInformer:
         self._thread: threading.Thread | None = None
         self._active_response: urllib3.HTTPResponse | None = None  # so close() can cut it
         self._progress = False  # the current attempt has applied a watch event
-        # Guarded by _lock: the cache and what snapshot() reports.
-        self._pods: dict[str, PodInfo] = {}
+        # Guarded by _lock.
         self._resource_version = ""
-        self._published: PodSnapshot | None = None  # None: rebuild on next snapshot()
         self._listed = False
         self._down_since: float | None = None
         self._delivered_at = 0.0  # the API server's last delivery (monotonic)
@@ -198,15 +189,26 @@ class PodInformer:
         self._errors = 0
         self._watch_events = 0
 
+    @property
+    def policy(self) -> WatchPolicy:
+        return self._policy
+
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def resource_version(self) -> str:
+        with self._lock:
+            return self._resource_version
+
     # -- public -----------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, thread_name: str) -> None:
         """Start the list+watch thread. Calling it twice is an error."""
         if self._thread is not None:
-            raise RuntimeError("pod informer already started")
-        self._thread = threading.Thread(
-            target=self._run, name=f"capwatch-podview-{self._node}", daemon=True
-        )
+            raise RuntimeError(f"informer of {self._what} already started")
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
         self._thread.start()
 
     def close(self) -> None:
@@ -222,38 +224,31 @@ class PodInformer:
         if thread is not None and thread is not threading.current_thread():
             thread.join(self._policy.close_timeout)
 
-    def snapshot(self) -> PodSnapshot:
-        """The cache, while it is known to be in sync (the module docstring's rules)."""
+    def sync_problem(self) -> str | None:
+        """Why the store cannot be trusted now (the module docstring's rules); None if it can.
+
+        The text starts with ``not synced`` or ``stale``.
+        """
         with self._lock:
-            if self._stop.is_set():
-                raise PodViewError("pod view is closed")
             detail = f"; last error: {self._last_error}" if self._last_error else ""
             if not self._listed:
-                raise PodViewError(
-                    f"pod view not synced: initial list of pods on node {self._node}"
-                    f" has not completed{detail}"
-                )
+                return f"not synced: initial list of {self._what} has not completed{detail}"
             now = self._clock.monotonic()
             if self._down_since is not None:
                 down_for = now - self._down_since
                 if down_for > self._policy.stale_after:
-                    raise PodViewError(
-                        f"pod view stale: API server unreachable for {down_for:.1f}s"
+                    return (
+                        f"stale: API server unreachable for {down_for:.1f}s"
                         f" (stale_after={self._policy.stale_after:g}s){detail}"
                     )
             silent_for = now - self._delivered_at
             if silent_for > self._policy.silence_bound:
-                raise PodViewError(
-                    f"pod view not synced: the API server delivered nothing for"
+                return (
+                    f"not synced: the API server delivered nothing for"
                     f" {silent_for:.1f}s (silence bound {self._policy.silence_bound:g}s)"
                     f", the watch may be stalled{detail}"
                 )
-            if self._published is None:
-                self._published = PodSnapshot(
-                    pods=MappingProxyType(dict(self._pods)),
-                    resource_version=self._resource_version,
-                )
-            return self._published
+            return None
 
     def stats(self) -> InformerStats:
         with self._lock:
@@ -282,7 +277,7 @@ class PodInformer:
                 attempt = 0
                 continue
             except _Gone as err:
-                logger.info("watch expired, relisting node=%s reason=%s", self._node, err)
+                logger.info("watch expired, relisting what=%r reason=%s", self._what, err)
                 need_list = True
                 self._mark_down(f"watch expired: {err}", count_error=False)
                 with self._lock:
@@ -297,7 +292,7 @@ class PodInformer:
                 self._mark_down(_describe(err))
             except Exception as err:
                 # A bug must not kill the view silently: log it, back off, go on.
-                logger.exception("pod view loop failed node=%s", self._node)
+                logger.exception("informer loop failed what=%r", self._what)
                 self._mark_down(f"internal error: {err!r}")
             if self._stop.is_set():
                 break
@@ -307,8 +302,8 @@ class PodInformer:
             delay = self._backoff(attempt, retry_after)
             attempt += 1
             logger.warning(
-                "pod view request failed node=%s retry_in=%.2fs error=%s",
-                self._node,
+                "list/watch request failed what=%r retry_in=%.2fs error=%s",
+                self._what,
                 delay,
                 self._last_error,
             )
@@ -343,7 +338,7 @@ class PodInformer:
     # -- list -------------------------------------------------------------------
 
     def _list(self) -> None:
-        pods: dict[str, PodInfo] = {}
+        objects: list[Mapping[str, Any]] = []
         token = ""
         while True:
             with self._lock:
@@ -355,10 +350,7 @@ class PodInformer:
                     timeout=self._policy.request_timeout,
                 )
             )
-            for item in body.get("items") or []:
-                info = pod_info(as_mapping(item))
-                if info is not None:
-                    pods[info.ref.uid] = info
+            objects += [as_mapping(item) for item in body.get("items") or []]
             metadata = as_mapping(body.get("metadata"))
             token = str(metadata.get("continue") or "")
             if not token:
@@ -367,16 +359,15 @@ class PodInformer:
                 return
         resource_version = str(metadata.get("resourceVersion") or "")
         with self._lock:
-            self._pods = pods
+            self._store.replace(objects)
             self._resource_version = resource_version
-            self._published = None
             self._listed = True
             self._down_since = None
             self._delivered_at = self._clock.monotonic()
         logger.info(
-            "listed pods node=%s pods=%d resource_version=%s",
-            self._node,
-            len(pods),
+            "listed what=%r objects=%d resource_version=%s",
+            self._what,
+            len(objects),
             resource_version,
         )
 
@@ -443,16 +434,10 @@ class PodInformer:
             self._delivered_at = self._clock.monotonic()
             if resource_version:
                 self._resource_version = resource_version
-            if kind in ("ADDED", "MODIFIED"):
-                info = pod_info(obj)
-                if info is not None:
-                    self._pods[info.ref.uid] = info
-            elif kind == "DELETED":
-                uid = str(as_mapping(obj.get("metadata")).get("uid") or "")
-                self._pods.pop(uid, None)
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                self._store.apply(str(kind), obj)
             elif kind != "BOOKMARK":
-                logger.warning("ignoring watch event node=%s type=%s", self._node, kind)
-            self._published = None
+                logger.warning("ignoring watch event what=%r type=%s", self._what, kind)
 
 
 def _describe(err: BaseException) -> str:

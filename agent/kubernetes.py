@@ -26,8 +26,9 @@ import urllib3.exceptions
 
 from agent.clock import Clock
 from agent.errors import ConfigError
-from agent.informer import PodInformer, WatchPolicy
+from agent.informer import WatchPolicy
 from agent.kubewire import ApiStatusError, retry_after_seconds
+from agent.podcache import PodInformer
 from agent.podevents import EventSinkError, PodEvent, event_body
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class KubernetesEventSink:
 
 class KubernetesPodRequests:
     """The pod LIST and WATCH through the client, as raw responses (a
-    :class:`~agent.informer.PodRequests`): cluster-wide, or in one namespace."""
+    :class:`~agent.informer.ListWatchRequests`): cluster-wide, or in one namespace."""
 
     def __init__(
         self, api_client: kubernetes.client.ApiClient, *, node_name: str, namespace: str | None
@@ -164,7 +165,7 @@ class KubernetesPodRequests:
 
 
 class KubernetesPodView(PodInformer):
-    """The pod informer (:mod:`agent.informer`) over the ``kubernetes`` client."""
+    """The pod view (:mod:`agent.podcache`) over the ``kubernetes`` client."""
 
     def __init__(
         self,
