@@ -1,0 +1,25 @@
+"""The controller's errors, below :class:`agent.errors.CapwatchError`."""
+
+from __future__ import annotations
+
+from agent.errors import CapwatchError
+
+
+class ApiError(CapwatchError):
+    """A Kubernetes API call failed. ``status`` is the HTTP status (None: no answer at all:
+    a refused connection, a timeout); ``retry_after`` the server's Retry-After, if any."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class Conflict(ApiError):
+    """409: the object changed since it was read (optimistic concurrency lost)."""
+
+
+class NotFound(ApiError):
+    """404: the object does not exist."""

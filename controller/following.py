@@ -1,0 +1,98 @@
+"""One supervised stream per agent target, started and stopped as discovery changes.
+
+Each target gets a :class:`~server.client.NodeHealthClient` that names the node
+it expects (the agent refuses a stream for another node, so a recycled pod IP
+never reports the wrong node's health), reconnects for ever with jittered
+backoff, and resumes from the last cycle it saw. Every event goes to the
+:class:`~controller.tracking.NodeTracker`. Followers keep streaming whether
+or not this replica leads its shard: a standby is hot, and serves the
+cluster stream from the same state.
+
+A follower task that ends by itself is a bug (the client never gives up): it
+is logged and started again after a short delay, so one node's failure never
+stops the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from controller.tracking import NodeTracker
+from server.client import NodeHealthClient
+
+log = logging.getLogger(__name__)
+
+RESTART_DELAY_S = 1.0
+
+ClientFactory = Callable[[str, str], NodeHealthClient]  # (node, address) -> client
+
+
+class Followers:
+    def __init__(self, *, tracker: NodeTracker, clients: ClientFactory) -> None:
+        self._tracker = tracker
+        self._clients = clients
+        self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        self._closing = False
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def target(self, node: str, address: str | None) -> None:
+        """Follow ``node`` at ``address`` (None: stop following it)."""
+        current = self._tasks.get(node)
+        if current is not None and current[0] == address:
+            return
+        if current is not None:
+            current[1].cancel()
+            del self._tasks[node]
+        if address is None or self._closing:
+            return
+        task = asyncio.create_task(self._follow(node, address), name=f"capwatch-follow-{node}")
+        self._tasks[node] = (address, task)
+        task.add_done_callback(lambda done: self._supervise(node, address, done))
+
+    async def _follow(self, node: str, address: str) -> None:
+        client = self._clients(node, address)
+        try:
+            async with contextlib.aclosing(client.events()) as events:
+                async for event in events:
+                    self._tracker.on_event(node, event)
+        finally:
+            await client.close()
+
+    def _supervise(self, node: str, address: str, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._closing:
+            return
+        log.error(
+            "stream follower for node=%s ended unexpectedly; restarting",
+            node,
+            exc_info=task.exception(),
+        )
+        current = self._tasks.get(node)
+        if current is not None and current[1] is task:
+            del self._tasks[node]
+            asyncio.get_running_loop().call_later(
+                RESTART_DELAY_S, lambda: self._restart(node, address)
+            )
+
+    def _restart(self, node: str, address: str) -> None:
+        # Only if discovery still places the agent there.
+        if (
+            not self._closing
+            and node not in self._tasks
+            and self._tracker.target_of(node) == address
+        ):
+            self.target(node, address)
+
+    async def close(self) -> None:
+        """Stop every stream and wait for their clients to close."""
+        self._closing = True
+        tasks = [task for _, task in self._tasks.values()]
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

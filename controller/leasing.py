@@ -1,0 +1,281 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, for asyncio, by client-go's rules.
+
+One Lease per shard (``capwatch-controller-<shard>``); the replica holding it
+writes Node conditions and Events, the others follow the same streams as hot
+standbys. The rules are client-go's ``tools/leaderelection``:
+
+- Every ``retry_s`` (2 s) a replica tries to acquire or renew: read the
+  Lease; create it if there is none; if another holder's record is still
+  valid, back off; otherwise write itself in, the write conditional on the
+  ``resourceVersion`` it read (a 409 means another replica won the race).
+- A record is valid for its *own* ``leaseDurationSeconds`` (honoured whatever
+  this replica's setting) from the moment this replica *observed* it change,
+  on this process's monotonic clock: the holder's ``renewTime`` is another
+  machine's wall clock and is never compared with ours.
+- The leader renews every ``retry_s``; if no renewal succeeds within
+  ``renew_deadline_s`` (10 s) it stops leading. Every attempt is bounded by
+  a timeout (a hung API call cannot hold leadership open).
+- Fencing: :meth:`LeaseElector.write_budget` is what is left of the renew
+  deadline since the start of the last successful renewal, so a write starts
+  only while the lease is certainly ours and must finish before the deadline;
+  the ``lease_s - renew_deadline_s`` margin (5 s) covers clock-rate
+  differences and a write still in flight, before any other replica can see
+  the record expire.
+- Release: on a clean shutdown, after this replica's writes have stopped, the
+  holder is cleared (``leaseDurationSeconds: 1``) so a standby takes over at
+  its next retry instead of waiting out the lease.
+
+Not the Python client's ``leaderelection`` package: it locks a ConfigMap and
+compares wall clocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Protocol
+
+from agent.clock import Clock
+from agent.errors import ConfigError
+from controller.errors import ApiError, Conflict
+
+log = logging.getLogger(__name__)
+
+JITTER_FACTOR = 1.2  # client-go's: a follower retries after retry_s * (1 + [0, 1.2))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseConfig:
+    lease_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_s < self.renew_deadline_s < self.lease_s:
+            raise ConfigError(
+                "--lease-duration",
+                "need retry period < renew deadline < lease duration, all positive",
+            )
+
+    @property
+    def attempt_timeout_s(self) -> float:
+        """How long one try (read, then create or update) may take."""
+        return max(self.retry_s, self.renew_deadline_s / 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseRecord:
+    holder: str  # "" once released
+    lease_duration_s: int
+    acquire_time: str | None = None  # RFC 3339 with microseconds (MicroTime)
+    renew_time: str | None = None
+    transitions: int = 0
+    resource_version: str = ""
+
+
+class LeaseApi(Protocol):
+    async def get_lease(self, name: str, *, deadline_s: float) -> LeaseRecord | None:
+        """The Lease, or None when there is none. Raises ApiError."""
+
+    async def create_lease(
+        self, name: str, record: LeaseRecord, *, deadline_s: float
+    ) -> LeaseRecord:
+        """Create it; raises Conflict when it exists, ApiError otherwise."""
+
+    async def update_lease(
+        self, name: str, record: LeaseRecord, *, deadline_s: float
+    ) -> LeaseRecord:
+        """Replace it if its resourceVersion is still ``record``'s; raises Conflict if not."""
+
+
+class LeaseObserver(Protocol):
+    def leading(self, leading: bool) -> None: ...
+
+    def holder_changed(self) -> None: ...
+
+
+class _NoObserver:
+    def leading(self, leading: bool) -> None:
+        pass
+
+    def holder_changed(self) -> None:
+        pass
+
+
+def micro_time(wall: float) -> str:
+    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaseElector:
+    def __init__(
+        self,
+        *,
+        api: LeaseApi,
+        name: str,
+        identity: str,
+        clock: Clock,
+        config: LeaseConfig | None = None,
+        on_started: Callable[[], None] = lambda: None,
+        on_stopped: Callable[[], None] = lambda: None,
+        observer: LeaseObserver | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not identity:
+            raise ConfigError("--identity", "must not be empty")
+        self._api = api
+        self.name = name
+        self.identity = identity
+        self._clock = clock
+        self.config = config or LeaseConfig()
+        self._on_started = on_started
+        self._on_stopped = on_stopped
+        self._observer: LeaseObserver = observer or _NoObserver()
+        self._rng = rng or random.Random()
+        self._observed: LeaseRecord | None = None
+        self._observed_at = 0.0  # monotonic instant the observed record last changed
+        self._renewed_at: float | None = None  # start of the last successful acquire/renew
+        self._leading = False
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    @property
+    def holder(self) -> str:
+        """The holder this replica last saw ("" when none)."""
+        return "" if self._observed is None else self._observed.holder
+
+    def write_budget(self) -> float:
+        """Seconds a write may take from now; 0 unless this replica leads, fenced."""
+        if not self._leading or self._renewed_at is None:
+            return 0.0
+        left = self.config.renew_deadline_s - (self._clock.monotonic() - self._renewed_at)
+        return max(0.0, left)
+
+    async def run(self) -> None:
+        """Campaign, lead, and campaign again when leadership is lost; until cancelled."""
+        try:
+            while True:
+                await self._acquire()
+                await self._lead()
+        finally:
+            self._step_down()
+
+    async def _acquire(self) -> None:
+        while not await self._try():
+            delay = self.config.retry_s * (1 + self._rng.uniform(0, JITTER_FACTOR))
+            await asyncio.sleep(delay)
+        self._leading = True
+        log.info("leading lease=%s identity=%s", self.name, self.identity)
+        self._observer.leading(True)
+        self._on_started()
+
+    async def _lead(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.retry_s)
+            # Retry within the renew deadline; give up leadership when it passes.
+            while not await self._try():
+                if self.write_budget() <= 0:
+                    log.warning(
+                        "lost lease=%s: no renewal within %gs",
+                        self.name,
+                        self.config.renew_deadline_s,
+                    )
+                    self._step_down()
+                    return
+                if not self._leading:  # someone else holds it now
+                    return
+                await asyncio.sleep(min(self.config.retry_s, self.write_budget()))
+
+    def _step_down(self) -> None:
+        if self._leading:
+            self._leading = False
+            self._observer.leading(False)
+            self._on_stopped()
+
+    async def _try(self) -> bool:
+        """One attempt to acquire or renew, bounded in time; True when the lease is ours."""
+        started = self._clock.monotonic()
+        timeout = self.config.attempt_timeout_s
+        if self._leading:
+            timeout = min(timeout, max(0.001, self.write_budget()))
+        try:
+            async with asyncio.timeout(timeout):
+                won = await self._try_once(started, timeout)
+        except TimeoutError:
+            log.info("lease=%s attempt timed out after %.1fs", self.name, timeout)
+            return False
+        except Conflict:
+            log.info("lease=%s changed under this attempt (409)", self.name)
+            return False
+        except ApiError as exc:
+            log.warning("lease=%s attempt failed: %s", self.name, exc)
+            return False
+        if won:
+            self._renewed_at = started
+        return won
+
+    async def _try_once(self, started: float, deadline_s: float) -> bool:
+        now = micro_time(self._clock.wall())
+        duration = int(self.config.lease_s)
+        mine = LeaseRecord(
+            holder=self.identity, lease_duration_s=duration, acquire_time=now, renew_time=now
+        )
+        current = await self._api.get_lease(self.name, deadline_s=deadline_s)
+        if current is None:
+            self._observe(await self._api.create_lease(self.name, mine, deadline_s=deadline_s))
+            return True
+        self._observe(current)
+        held_by_other = current.holder not in ("", self.identity)
+        if held_by_other and self._valid(current, started):
+            if self._leading:  # it was ours; another replica took it over
+                log.warning("lease=%s taken over by %s", self.name, current.holder)
+                self._step_down()
+            return False
+        if current.holder == self.identity:
+            record = replace(
+                mine, acquire_time=current.acquire_time or now, transitions=current.transitions
+            )
+        else:
+            record = replace(mine, transitions=current.transitions + 1)
+        record = replace(record, resource_version=current.resource_version)
+        self._observe(await self._api.update_lease(self.name, record, deadline_s=deadline_s))
+        return True
+
+    def _valid(self, record: LeaseRecord, now: float) -> bool:
+        return self._observed_at + record.lease_duration_s > now
+
+    def _observe(self, record: LeaseRecord) -> None:
+        before = self._observed
+        if before == record:
+            return
+        self._observed = record
+        self._observed_at = self._clock.monotonic()
+        if before is not None and before.holder != record.holder:
+            self._observer.holder_changed()
+
+    async def release(self) -> None:
+        """Clear the holder if this replica holds the lease (call after writes stopped)."""
+        if self._observed is None or self._observed.holder != self.identity:
+            return
+        self._step_down()
+        now = micro_time(self._clock.wall())
+        record = replace(
+            self._observed,
+            holder="",
+            lease_duration_s=1,
+            renew_time=now,
+            acquire_time=now,
+        )
+        timeout = self.config.attempt_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                self._observe(await self._api.update_lease(self.name, record, deadline_s=timeout))
+        except (TimeoutError, ApiError) as exc:
+            log.warning("lease=%s not released (%s); it expires on its own", self.name, exc)
+            return
+        log.info("released lease=%s", self.name)

@@ -1,0 +1,76 @@
+"""What the controller keeps of an agent's stream messages: pure protobuf -> domain mappers.
+
+A node's latest cycle is kept as a small :class:`~controller.conditions.CycleSummary`
+rather than the message itself (thousands of nodes, each cycle replacing the last).
+Its finishing instant is placed on this process's monotonic clock: the time the
+message arrived less the cycle age the agent measured when it sent it, so neither
+machine's wall clock is trusted and the network delay counts against freshness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from controller.conditions import CycleSummary, GpuSummary
+from server.gen.capwatch.v1 import node_health_pb2 as pb
+
+_OUTCOME = {
+    pb.OUTCOME_ENFORCED: "enforced",
+    pb.OUTCOME_IDLE: "idle",
+    pb.OUTCOME_RELEASED: "released",
+    pb.OUTCOME_FAILED: "failed",
+}
+_HEALTH = {pb.DEVICE_HEALTH_HEALTHY: True, pb.DEVICE_HEALTH_UNHEALTHY: False}
+_ABORT = {
+    pb.ABORT_REASON_POD_VIEW_NOT_SYNCED: "pod_view_not_synced",
+    pb.ABORT_REASON_INTERNAL_ERROR: "internal_error",
+}
+
+
+def gpu_summaries(devices: Iterable[pb.DeviceStatus]) -> tuple[GpuSummary, ...]:
+    return tuple(
+        GpuSummary(
+            index=d.index,
+            uuid=d.uuid,
+            healthy=_HEALTH.get(d.health),
+            outcome=_OUTCOME.get(d.outcome, "unknown"),
+            reason=d.reason,
+            message=d.message,
+            applied_watts=d.applied_watts if d.HasField("applied_watts") else None,
+        )
+        for d in sorted(devices, key=lambda d: d.index)
+    )
+
+
+def cycle_age(readiness: pb.Readiness) -> float | None:
+    """The age of the agent's latest cycle when it sent ``readiness`` (None: no cycle)."""
+    if not readiness.HasField("last_cycle_age"):
+        return None
+    return readiness.last_cycle_age.ToTimedelta().total_seconds()
+
+
+def cycle_summary(
+    cycle: pb.CycleReport,
+    *,
+    devices: Iterable[pb.DeviceStatus],
+    age_s: float | None,
+    received_at: float,
+) -> CycleSummary:
+    """``cycle`` with the devices it reached, finishing ``age_s`` before ``received_at``."""
+    return CycleSummary(
+        sequence=cycle.sequence,
+        enforced=cycle.enforced,
+        abort_reason=_ABORT.get(cycle.abort_reason, ""),
+        failure_kinds=tuple(f.kind for f in cycle.failures),
+        failure_summary=cycle.failure_summary,
+        gpus=gpu_summaries(devices),
+        finished_at=received_at - max(0.0, age_s or 0.0),
+        finished_wall=cycle.finished.seconds + cycle.finished.nanos / 1e9,
+    )
+
+
+def merged(table: tuple[GpuSummary, ...], update: Iterable[GpuSummary]) -> tuple[GpuSummary, ...]:
+    """Every GPU as its latest report says: ``table`` with ``update``'s GPUs replaced."""
+    by_index = {g.index: g for g in table}
+    by_index.update((g.index, g) for g in update)
+    return tuple(by_index[i] for i in sorted(by_index))
