@@ -143,18 +143,23 @@ class _LoopStore:
 
 
 class KubernetesDiscovery:
-    """Agent pods and GPU nodes, each by its own informer."""
+    """Agent pods (or a static targets file) and GPU nodes, each by its own informer."""
 
     def __init__(
         self,
         *,
-        pods: ListWatchRequests,
+        pods: ListWatchRequests | None,
         nodes: ListWatchRequests,
+        static_targets: Mapping[str, str] | None = None,
         agent_port: int,
         policy: WatchPolicy,
         clock: Clock,
     ) -> None:
+        """``pods`` None: the agents are ``static_targets``, the nodes still watched."""
+        if (pods is None) == (static_targets is None):
+            raise ValueError("give the agent pods to watch or static targets, not both")
         self._pods_requests, self._nodes_requests = pods, nodes
+        self._static = dict(static_targets or {})
         self._port = agent_port
         self._policy = policy
         self._clock = clock
@@ -167,13 +172,6 @@ class KubernetesDiscovery:
     def start(self, sink: DiscoverySink) -> None:
         loop = asyncio.get_running_loop()
         self._sink = sink
-        pods = Informer(
-            what="capwatch agent pods",
-            requests=self._pods_requests,
-            store=_LoopStore(loop, self._replace_pods, self._apply_pod),
-            clock=self._clock,
-            policy=self._policy,
-        )
         nodes = Informer(
             what="GPU nodes",
             requests=self._nodes_requests,
@@ -181,9 +179,20 @@ class KubernetesDiscovery:
             clock=self._clock,
             policy=self._policy,
         )
-        self._informers = [pods, nodes]
-        pods.start("capwatch-discovery-pods")
+        self._informers = [nodes]
         nodes.start("capwatch-discovery-nodes")
+        if self._pods_requests is None:
+            StaticDiscovery(self._static).start(sink)
+            return
+        pods = Informer(
+            what="capwatch agent pods",
+            requests=self._pods_requests,
+            store=_LoopStore(loop, self._replace_pods, self._apply_pod),
+            clock=self._clock,
+            policy=self._policy,
+        )
+        self._informers.append(pods)
+        pods.start("capwatch-discovery-pods")
 
     def sync_problem(self) -> str | None:
         for informer in self._informers:

@@ -131,8 +131,8 @@ class LeaseElector:
         self.identity = identity
         self._clock = clock
         self.config = config or LeaseConfig()
-        self._on_started = on_started
-        self._on_stopped = on_stopped
+        self.on_started = on_started  # the composition root may set them later
+        self.on_stopped = on_stopped
         self._observer: LeaseObserver = observer or _NoObserver()
         self._rng = rng or random.Random()
         self._observed: LeaseRecord | None = None
@@ -172,7 +172,7 @@ class LeaseElector:
         self._leading = True
         log.info("leading lease=%s identity=%s", self.name, self.identity)
         self._observer.leading(True)
-        self._on_started()
+        self.on_started()
 
     async def _lead(self) -> None:
         while True:
@@ -195,7 +195,7 @@ class LeaseElector:
         if self._leading:
             self._leading = False
             self._observer.leading(False)
-            self._on_stopped()
+            self.on_stopped()
 
     async def _try(self) -> bool:
         """One attempt to acquire or renew, bounded in time; True when the lease is ours."""

@@ -129,6 +129,7 @@ class NodeHealthClient:
         self,
         *,
         target: str,
+        node_name: str = "",
         root_certificates: bytes | None = None,
         private_key: bytes | None = None,
         certificate_chain: bytes | None = None,
@@ -143,7 +144,9 @@ class NodeHealthClient:
         snapshot_timeout: float = DEFAULT_SNAPSHOT_TIMEOUT_S,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        """``target``: ``host:port`` or ``unix:///path``. TLS when any certificate
+        """``target``: ``host:port`` or ``unix:///path``. ``node_name``: the node the
+        agent there must be serving (it refuses a stream for another with
+        FAILED_PRECONDITION; "" accepts any). TLS when any certificate
         bytes or ``credentials`` are given. ``heartbeat_interval``: None for the
         agent's cycle interval. ``indexes``/``uuids``: report only these GPUs.
         ``silence_timeout``: give up on a stream that sent nothing for this long
@@ -175,6 +178,7 @@ class NodeHealthClient:
                 certificate_chain=certificate_chain,
             )
         self.target = target
+        self.node_name = node_name
         self._local = is_local(target)
         self._credentials = credentials
         local_options = dict(LOCAL_CHANNEL_OPTIONS) if self._local else {}
@@ -286,7 +290,7 @@ class NodeHealthClient:
         stub = pb_grpc.NodeHealthServiceStub(self._unary_channel)
         try:
             response = await stub.GetSnapshot(
-                pb.GetSnapshotRequest(filter=self._filter),
+                pb.GetSnapshotRequest(filter=self._filter, node_name=self.node_name),
                 timeout=deadline_s or self._snapshot_timeout_s,
             )
         except grpc.aio.AioRpcError as exc:
@@ -319,7 +323,10 @@ class NodeHealthClient:
 
     def _request(self) -> pb.WatchRequest:
         request = pb.WatchRequest(
-            since_sequence=self._sequence, agent_instance_id=self._instance, filter=self._filter
+            since_sequence=self._sequence,
+            agent_instance_id=self._instance,
+            filter=self._filter,
+            node_name=self.node_name,
         )
         if self._heartbeat_s is not None:
             request.heartbeat_interval.FromTimedelta(timedelta(seconds=self._heartbeat_s))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,11 @@ class ReadyzServer:
         port: int = 8081,
         max_connections: int = MAX_CONNECTIONS,
         head_timeout_s: float = HEAD_TIMEOUT_S,
+        extra_routes: Mapping[str, Callable[[], Answer]] | None = None,
     ) -> None:
-        self._answer = answer
+        """``extra_routes``: more paths answered the same way (the controller's
+        ``/healthz`` beside its ``/readyz``)."""
+        self._routes = {PATH: answer, **(extra_routes or {})}
         self._host, self._port = host, port
         self._max = max_connections
         self._head_timeout_s = head_timeout_s
@@ -134,12 +137,13 @@ class ReadyzServer:
             await self._respond(writer, 400, "bad request\n", body=True)
             return
         method, target = parts[0], parts[1].split("?", 1)[0]
-        if target != PATH:
+        route = self._routes.get(target)
+        if route is None:
             await self._respond(writer, 404, "not found\n", body=method != "HEAD")
         elif method not in ("GET", "HEAD"):
             await self._respond(writer, 405, "method not allowed\n", body=True, allow=True)
         else:
-            answer = self._answer()
+            answer = route()
             await self._respond(writer, answer.status, answer.body, body=method == "GET")
 
     @staticmethod

@@ -27,51 +27,51 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63\x61pwatch/v1/node_health.proto\x12\x0b\x63\x61pwatch.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\".\n\x0c\x44\x65viceFilter\x12\x0f\n\x07indexes\x18\x01 \x03(\r\x12\r\n\x05uuids\x18\x02 \x03(\t\"\xa3\x01\n\x0cWatchRequest\x12\x16\n\x0esince_sequence\x18\x01 \x01(\x04\x12\x19\n\x11\x61gent_instance_id\x18\x02 \x01(\t\x12)\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x19.capwatch.v1.DeviceFilter\x12\x35\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x9f\x01\n\rWatchResponse\x12-\n\x08snapshot\x18\x01 \x01(\x0b\x32\x19.capwatch.v1.NodeSnapshotH\x00\x12)\n\x05\x63ycle\x18\x02 \x01(\x0b\x32\x18.capwatch.v1.CycleReportH\x00\x12+\n\theartbeat\x18\x03 \x01(\x0b\x32\x16.capwatch.v1.HeartbeatH\x00\x42\x07\n\x05\x65vent\"?\n\x12GetSnapshotRequest\x12)\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x19.capwatch.v1.DeviceFilter\"B\n\x13GetSnapshotResponse\x12+\n\x08snapshot\x18\x01 \x01(\x0b\x32\x19.capwatch.v1.NodeSnapshot\"\xc0\x02\n\x0cNodeSnapshot\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x19\n\x11\x61gent_instance_id\x18\x02 \x01(\t\x12+\n\x08interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0bstale_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\treadiness\x18\x05 \x01(\x0b\x32\x16.capwatch.v1.Readiness\x12,\n\nlast_cycle\x18\x06 \x01(\x0b\x32\x18.capwatch.v1.CycleReport\x12*\n\x07\x64\x65vices\x18\x07 \x03(\x0b\x32\x19.capwatch.v1.DeviceStatus\x12\x0e\n\x06resync\x18\x08 \x01(\x08\x12\x10\n\x08sequence\x18\t \x01(\x04\"\xc3\x01\n\tReadiness\x12\r\n\x05ready\x18\x01 \x01(\x08\x12,\n\x06reason\x18\x02 \x01(\x0e\x32\x1c.capwatch.v1.ReadinessReason\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x36\n\x13last_good_cycle_age\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0elast_cycle_age\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"-\n\x0c\x43ycleFailure\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x9b\x03\n\x0b\x43ycleReport\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12+\n\x07started\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x08\x64uration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08\x65nforced\x18\x05 \x01(\x08\x12.\n\x0c\x61\x62ort_reason\x18\x06 \x01(\x0e\x32\x18.capwatch.v1.AbortReason\x12+\n\x08\x66\x61ilures\x18\x07 \x03(\x0b\x32\x19.capwatch.v1.CycleFailure\x12*\n\x07\x64\x65vices\x18\x08 \x03(\x0b\x32\x19.capwatch.v1.DeviceStatus\x12)\n\treadiness\x18\t \x01(\x0b\x32\x16.capwatch.v1.Readiness\x12\x13\n\x0binterrupted\x18\n \x01(\x08\x12\x17\n\x0f\x66\x61ilure_summary\x18\x0b \x01(\t\"6\n\x06PodRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\"\xb7\x05\n\x0c\x44\x65viceStatus\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x17\n\x0f\x64ra_device_name\x18\x03 \x01(\t\x12)\n\x06health\x18\x04 \x01(\x0e\x32\x19.capwatch.v1.DeviceHealth\x12%\n\x07outcome\x18\x05 \x01(\x0e\x32\x14.capwatch.v1.Outcome\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x13\n\x0b\x65rror_class\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\t\x12#\n\x06owners\x18\t \x03(\x0b\x32\x13.capwatch.v1.PodRef\x12\x1c\n\x0frequested_watts\x18\n \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0eresolved_watts\x18\x0b \x01(\rH\x01\x88\x01\x01\x12\x1a\n\rapplied_watts\x18\x0c \x01(\rH\x02\x88\x01\x01\x12*\n\ncap_source\x18\r \x01(\x0e\x32\x16.capwatch.v1.CapSource\x12\x39\n\x12safe_default_cause\x18\x0e \x01(\x0e\x32\x1d.capwatch.v1.SafeDefaultCause\x12\x34\n\x0f\x63lamp_direction\x18\x0f \x01(\x0e\x32\x1b.capwatch.v1.ClampDirection\x12\x38\n\x14last_transition_time\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10last_update_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rprocess_count\x18\x12 \x01(\r\x12\x10\n\x08sequence\x18\x13 \x01(\x04\x42\x12\n\x10_requested_wattsB\x11\n\x0f_resolved_wattsB\x10\n\x0e_applied_watts\"\x92\x01\n\tHeartbeat\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rlast_sequence\x18\x02 \x01(\x04\x12)\n\treadiness\x18\x03 \x01(\x0b\x32\x16.capwatch.v1.Readiness\x12\x19\n\x11\x61gent_instance_id\x18\x04 \x01(\t*\xd8\x01\n\x0fReadinessReason\x12 \n\x1cREADINESS_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16READINESS_REASON_READY\x10\x01\x12!\n\x1dREADINESS_REASON_NO_CYCLE_YET\x10\x02\x12!\n\x1dREADINESS_REASON_CYCLE_FAILED\x10\x03\x12\x1a\n\x16READINESS_REASON_STALE\x10\x04\x12%\n!READINESS_REASON_STATE_UNWRITABLE\x10\x05*\x89\x01\n\x0b\x41\x62ortReason\x12\x1c\n\x18\x41\x42ORT_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41\x42ORT_REASON_NONE\x10\x01\x12$\n ABORT_REASON_POD_VIEW_NOT_SYNCED\x10\x02\x12\x1f\n\x1b\x41\x42ORT_REASON_INTERNAL_ERROR\x10\x03*\x80\x01\n\x0c\x44\x65viceHealth\x12\x1d\n\x19\x44\x45VICE_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n\x15\x44\x45VICE_HEALTH_UNKNOWN\x10\x01\x12\x19\n\x15\x44\x45VICE_HEALTH_HEALTHY\x10\x02\x12\x1b\n\x17\x44\x45VICE_HEALTH_UNHEALTHY\x10\x03*t\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x14\n\x10OUTCOME_ENFORCED\x10\x01\x12\x10\n\x0cOUTCOME_IDLE\x10\x02\x12\x14\n\x10OUTCOME_RELEASED\x10\x03\x12\x12\n\x0eOUTCOME_FAILED\x10\x04*v\n\tCapSource\x12\x1a\n\x16\x43\x41P_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43\x41P_SOURCE_ANNOTATION\x10\x01\x12\x15\n\x11\x43\x41P_SOURCE_AGREED\x10\x02\x12\x1b\n\x17\x43\x41P_SOURCE_SAFE_DEFAULT\x10\x03*\xb6\x01\n\x10SafeDefaultCause\x12\"\n\x1eSAFE_DEFAULT_CAUSE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aSAFE_DEFAULT_CAUSE_MISSING\x10\x01\x12\x1e\n\x1aSAFE_DEFAULT_CAUSE_INVALID\x10\x02\x12\x1f\n\x1bSAFE_DEFAULT_CAUSE_DISAGREE\x10\x03\x12\x1d\n\x19SAFE_DEFAULT_CAUSE_NO_POD\x10\x04*\x92\x01\n\x0e\x43lampDirection\x12\x1f\n\x1b\x43LAMP_DIRECTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43LAMP_DIRECTION_NONE\x10\x01\x12!\n\x1d\x43LAMP_DIRECTION_RAISED_TO_MIN\x10\x02\x12\"\n\x1e\x43LAMP_DIRECTION_LOWERED_TO_MAX\x10\x03\x32\xa7\x01\n\x11NodeHealthService\x12@\n\x05Watch\x12\x19.capwatch.v1.WatchRequest\x1a\x1a.capwatch.v1.WatchResponse0\x01\x12P\n\x0bGetSnapshot\x12\x1f.capwatch.v1.GetSnapshotRequest\x1a .capwatch.v1.GetSnapshotResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63\x61pwatch/v1/node_health.proto\x12\x0b\x63\x61pwatch.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\".\n\x0c\x44\x65viceFilter\x12\x0f\n\x07indexes\x18\x01 \x03(\r\x12\r\n\x05uuids\x18\x02 \x03(\t\"\xb6\x01\n\x0cWatchRequest\x12\x16\n\x0esince_sequence\x18\x01 \x01(\x04\x12\x19\n\x11\x61gent_instance_id\x18\x02 \x01(\t\x12)\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x19.capwatch.v1.DeviceFilter\x12\x35\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tnode_name\x18\x05 \x01(\t\"\x9f\x01\n\rWatchResponse\x12-\n\x08snapshot\x18\x01 \x01(\x0b\x32\x19.capwatch.v1.NodeSnapshotH\x00\x12)\n\x05\x63ycle\x18\x02 \x01(\x0b\x32\x18.capwatch.v1.CycleReportH\x00\x12+\n\theartbeat\x18\x03 \x01(\x0b\x32\x16.capwatch.v1.HeartbeatH\x00\x42\x07\n\x05\x65vent\"R\n\x12GetSnapshotRequest\x12)\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x19.capwatch.v1.DeviceFilter\x12\x11\n\tnode_name\x18\x02 \x01(\t\"B\n\x13GetSnapshotResponse\x12+\n\x08snapshot\x18\x01 \x01(\x0b\x32\x19.capwatch.v1.NodeSnapshot\"\xc0\x02\n\x0cNodeSnapshot\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x19\n\x11\x61gent_instance_id\x18\x02 \x01(\t\x12+\n\x08interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0bstale_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\treadiness\x18\x05 \x01(\x0b\x32\x16.capwatch.v1.Readiness\x12,\n\nlast_cycle\x18\x06 \x01(\x0b\x32\x18.capwatch.v1.CycleReport\x12*\n\x07\x64\x65vices\x18\x07 \x03(\x0b\x32\x19.capwatch.v1.DeviceStatus\x12\x0e\n\x06resync\x18\x08 \x01(\x08\x12\x10\n\x08sequence\x18\t \x01(\x04\"\xc3\x01\n\tReadiness\x12\r\n\x05ready\x18\x01 \x01(\x08\x12,\n\x06reason\x18\x02 \x01(\x0e\x32\x1c.capwatch.v1.ReadinessReason\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x36\n\x13last_good_cycle_age\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0elast_cycle_age\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"-\n\x0c\x43ycleFailure\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x9b\x03\n\x0b\x43ycleReport\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12+\n\x07started\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x08\x64uration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08\x65nforced\x18\x05 \x01(\x08\x12.\n\x0c\x61\x62ort_reason\x18\x06 \x01(\x0e\x32\x18.capwatch.v1.AbortReason\x12+\n\x08\x66\x61ilures\x18\x07 \x03(\x0b\x32\x19.capwatch.v1.CycleFailure\x12*\n\x07\x64\x65vices\x18\x08 \x03(\x0b\x32\x19.capwatch.v1.DeviceStatus\x12)\n\treadiness\x18\t \x01(\x0b\x32\x16.capwatch.v1.Readiness\x12\x13\n\x0binterrupted\x18\n \x01(\x08\x12\x17\n\x0f\x66\x61ilure_summary\x18\x0b \x01(\t\"6\n\x06PodRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\"\xb7\x05\n\x0c\x44\x65viceStatus\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x17\n\x0f\x64ra_device_name\x18\x03 \x01(\t\x12)\n\x06health\x18\x04 \x01(\x0e\x32\x19.capwatch.v1.DeviceHealth\x12%\n\x07outcome\x18\x05 \x01(\x0e\x32\x14.capwatch.v1.Outcome\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x13\n\x0b\x65rror_class\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\t\x12#\n\x06owners\x18\t \x03(\x0b\x32\x13.capwatch.v1.PodRef\x12\x1c\n\x0frequested_watts\x18\n \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0eresolved_watts\x18\x0b \x01(\rH\x01\x88\x01\x01\x12\x1a\n\rapplied_watts\x18\x0c \x01(\rH\x02\x88\x01\x01\x12*\n\ncap_source\x18\r \x01(\x0e\x32\x16.capwatch.v1.CapSource\x12\x39\n\x12safe_default_cause\x18\x0e \x01(\x0e\x32\x1d.capwatch.v1.SafeDefaultCause\x12\x34\n\x0f\x63lamp_direction\x18\x0f \x01(\x0e\x32\x1b.capwatch.v1.ClampDirection\x12\x38\n\x14last_transition_time\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10last_update_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rprocess_count\x18\x12 \x01(\r\x12\x10\n\x08sequence\x18\x13 \x01(\x04\x42\x12\n\x10_requested_wattsB\x11\n\x0f_resolved_wattsB\x10\n\x0e_applied_watts\"\x92\x01\n\tHeartbeat\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rlast_sequence\x18\x02 \x01(\x04\x12)\n\treadiness\x18\x03 \x01(\x0b\x32\x16.capwatch.v1.Readiness\x12\x19\n\x11\x61gent_instance_id\x18\x04 \x01(\t*\xd8\x01\n\x0fReadinessReason\x12 \n\x1cREADINESS_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16READINESS_REASON_READY\x10\x01\x12!\n\x1dREADINESS_REASON_NO_CYCLE_YET\x10\x02\x12!\n\x1dREADINESS_REASON_CYCLE_FAILED\x10\x03\x12\x1a\n\x16READINESS_REASON_STALE\x10\x04\x12%\n!READINESS_REASON_STATE_UNWRITABLE\x10\x05*\x89\x01\n\x0b\x41\x62ortReason\x12\x1c\n\x18\x41\x42ORT_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41\x42ORT_REASON_NONE\x10\x01\x12$\n ABORT_REASON_POD_VIEW_NOT_SYNCED\x10\x02\x12\x1f\n\x1b\x41\x42ORT_REASON_INTERNAL_ERROR\x10\x03*\x80\x01\n\x0c\x44\x65viceHealth\x12\x1d\n\x19\x44\x45VICE_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n\x15\x44\x45VICE_HEALTH_UNKNOWN\x10\x01\x12\x19\n\x15\x44\x45VICE_HEALTH_HEALTHY\x10\x02\x12\x1b\n\x17\x44\x45VICE_HEALTH_UNHEALTHY\x10\x03*t\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x14\n\x10OUTCOME_ENFORCED\x10\x01\x12\x10\n\x0cOUTCOME_IDLE\x10\x02\x12\x14\n\x10OUTCOME_RELEASED\x10\x03\x12\x12\n\x0eOUTCOME_FAILED\x10\x04*v\n\tCapSource\x12\x1a\n\x16\x43\x41P_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43\x41P_SOURCE_ANNOTATION\x10\x01\x12\x15\n\x11\x43\x41P_SOURCE_AGREED\x10\x02\x12\x1b\n\x17\x43\x41P_SOURCE_SAFE_DEFAULT\x10\x03*\xb6\x01\n\x10SafeDefaultCause\x12\"\n\x1eSAFE_DEFAULT_CAUSE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aSAFE_DEFAULT_CAUSE_MISSING\x10\x01\x12\x1e\n\x1aSAFE_DEFAULT_CAUSE_INVALID\x10\x02\x12\x1f\n\x1bSAFE_DEFAULT_CAUSE_DISAGREE\x10\x03\x12\x1d\n\x19SAFE_DEFAULT_CAUSE_NO_POD\x10\x04*\x92\x01\n\x0e\x43lampDirection\x12\x1f\n\x1b\x43LAMP_DIRECTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43LAMP_DIRECTION_NONE\x10\x01\x12!\n\x1d\x43LAMP_DIRECTION_RAISED_TO_MIN\x10\x02\x12\"\n\x1e\x43LAMP_DIRECTION_LOWERED_TO_MAX\x10\x03\x32\xa7\x01\n\x11NodeHealthService\x12@\n\x05Watch\x12\x19.capwatch.v1.WatchRequest\x1a\x1a.capwatch.v1.WatchResponse0\x01\x12P\n\x0bGetSnapshot\x12\x1f.capwatch.v1.GetSnapshotRequest\x1a .capwatch.v1.GetSnapshotResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'capwatch.v1.node_health_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_READINESSREASON']._serialized_start=2506
-  _globals['_READINESSREASON']._serialized_end=2722
-  _globals['_ABORTREASON']._serialized_start=2725
-  _globals['_ABORTREASON']._serialized_end=2862
-  _globals['_DEVICEHEALTH']._serialized_start=2865
-  _globals['_DEVICEHEALTH']._serialized_end=2993
-  _globals['_OUTCOME']._serialized_start=2995
-  _globals['_OUTCOME']._serialized_end=3111
-  _globals['_CAPSOURCE']._serialized_start=3113
-  _globals['_CAPSOURCE']._serialized_end=3231
-  _globals['_SAFEDEFAULTCAUSE']._serialized_start=3234
-  _globals['_SAFEDEFAULTCAUSE']._serialized_end=3416
-  _globals['_CLAMPDIRECTION']._serialized_start=3419
-  _globals['_CLAMPDIRECTION']._serialized_end=3565
+  _globals['_READINESSREASON']._serialized_start=2544
+  _globals['_READINESSREASON']._serialized_end=2760
+  _globals['_ABORTREASON']._serialized_start=2763
+  _globals['_ABORTREASON']._serialized_end=2900
+  _globals['_DEVICEHEALTH']._serialized_start=2903
+  _globals['_DEVICEHEALTH']._serialized_end=3031
+  _globals['_OUTCOME']._serialized_start=3033
+  _globals['_OUTCOME']._serialized_end=3149
+  _globals['_CAPSOURCE']._serialized_start=3151
+  _globals['_CAPSOURCE']._serialized_end=3269
+  _globals['_SAFEDEFAULTCAUSE']._serialized_start=3272
+  _globals['_SAFEDEFAULTCAUSE']._serialized_end=3454
+  _globals['_CLAMPDIRECTION']._serialized_start=3457
+  _globals['_CLAMPDIRECTION']._serialized_end=3603
   _globals['_DEVICEFILTER']._serialized_start=111
   _globals['_DEVICEFILTER']._serialized_end=157
   _globals['_WATCHREQUEST']._serialized_start=160
-  _globals['_WATCHREQUEST']._serialized_end=323
-  _globals['_WATCHRESPONSE']._serialized_start=326
-  _globals['_WATCHRESPONSE']._serialized_end=485
-  _globals['_GETSNAPSHOTREQUEST']._serialized_start=487
-  _globals['_GETSNAPSHOTREQUEST']._serialized_end=550
-  _globals['_GETSNAPSHOTRESPONSE']._serialized_start=552
-  _globals['_GETSNAPSHOTRESPONSE']._serialized_end=618
-  _globals['_NODESNAPSHOT']._serialized_start=621
-  _globals['_NODESNAPSHOT']._serialized_end=941
-  _globals['_READINESS']._serialized_start=944
-  _globals['_READINESS']._serialized_end=1139
-  _globals['_CYCLEFAILURE']._serialized_start=1141
-  _globals['_CYCLEFAILURE']._serialized_end=1186
-  _globals['_CYCLEREPORT']._serialized_start=1189
-  _globals['_CYCLEREPORT']._serialized_end=1600
-  _globals['_PODREF']._serialized_start=1602
-  _globals['_PODREF']._serialized_end=1656
-  _globals['_DEVICESTATUS']._serialized_start=1659
-  _globals['_DEVICESTATUS']._serialized_end=2354
-  _globals['_HEARTBEAT']._serialized_start=2357
-  _globals['_HEARTBEAT']._serialized_end=2503
-  _globals['_NODEHEALTHSERVICE']._serialized_start=3568
-  _globals['_NODEHEALTHSERVICE']._serialized_end=3735
+  _globals['_WATCHREQUEST']._serialized_end=342
+  _globals['_WATCHRESPONSE']._serialized_start=345
+  _globals['_WATCHRESPONSE']._serialized_end=504
+  _globals['_GETSNAPSHOTREQUEST']._serialized_start=506
+  _globals['_GETSNAPSHOTREQUEST']._serialized_end=588
+  _globals['_GETSNAPSHOTRESPONSE']._serialized_start=590
+  _globals['_GETSNAPSHOTRESPONSE']._serialized_end=656
+  _globals['_NODESNAPSHOT']._serialized_start=659
+  _globals['_NODESNAPSHOT']._serialized_end=979
+  _globals['_READINESS']._serialized_start=982
+  _globals['_READINESS']._serialized_end=1177
+  _globals['_CYCLEFAILURE']._serialized_start=1179
+  _globals['_CYCLEFAILURE']._serialized_end=1224
+  _globals['_CYCLEREPORT']._serialized_start=1227
+  _globals['_CYCLEREPORT']._serialized_end=1638
+  _globals['_PODREF']._serialized_start=1640
+  _globals['_PODREF']._serialized_end=1694
+  _globals['_DEVICESTATUS']._serialized_start=1697
+  _globals['_DEVICESTATUS']._serialized_end=2392
+  _globals['_HEARTBEAT']._serialized_start=2395
+  _globals['_HEARTBEAT']._serialized_end=2541
+  _globals['_NODEHEALTHSERVICE']._serialized_start=3606
+  _globals['_NODEHEALTHSERVICE']._serialized_end=3773
 # @@protoc_insertion_point(module_scope)

@@ -213,11 +213,18 @@ class WatchRequest(_message.Message):
     AGENT_INSTANCE_ID_FIELD_NUMBER: _builtins.int
     FILTER_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
     since_sequence: _builtins.int
     """Resume after this cycle sequence number. 0 starts with a snapshot."""
     agent_instance_id: _builtins.str
     """The agent instance since_sequence belongs to (sequences restart when the
     agent does). A different instance answers with a resync snapshot.
+    """
+    node_name: _builtins.str
+    """The node the client expects to be talking to; empty means any. An agent
+    serving another node answers FAILED_PRECONDITION (a recycled pod IP must
+    never report another node's health). A pool of simulated nodes selects
+    the node by it.
     """
     @_builtins.property
     def filter(self) -> Global___DeviceFilter: ...
@@ -234,10 +241,11 @@ class WatchRequest(_message.Message):
         agent_instance_id: _builtins.str = ...,
         filter: Global___DeviceFilter | None = ...,
         heartbeat_interval: _duration_pb2.Duration | None = ...,
+        node_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "heartbeat_interval", b"heartbeat_interval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_instance_id", b"agent_instance_id", "filter", b"filter", "heartbeat_interval", b"heartbeat_interval", "since_sequence", b"since_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_instance_id", b"agent_instance_id", "filter", b"filter", "heartbeat_interval", b"heartbeat_interval", "node_name", b"node_name", "since_sequence", b"since_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -278,16 +286,20 @@ class GetSnapshotRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     FILTER_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    node_name: _builtins.str
+    """As WatchRequest.node_name."""
     @_builtins.property
     def filter(self) -> Global___DeviceFilter: ...
     def __init__(
         self,
         *,
         filter: Global___DeviceFilter | None = ...,
+        node_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "node_name", b"node_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

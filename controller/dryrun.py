@@ -1,0 +1,55 @@
+"""``--dry-run``: the Kubernetes writes the controller would make, printed instead.
+
+One line per condition patch and per Event, on standard output::
+
+    PATCH nodes/gpu-7/status GPUPowerCapEnforced=False reason=CapWriteFailed message="gpu1 ..."
+    EVENT Warning node/gpu-7 CapWriteFailed: gpu1 (GPU-...): write_failed: ...
+
+With no API server there is no Lease: the replica behaves as the leader of its
+shard (its fence never closes) and everything else -- discovery from
+``--targets``, the streams, the cluster stream -- runs as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TextIO
+
+from controller.conditions import CONDITION_TYPE
+from controller.recording import NodeEvent
+from controller.writing import REQUEST_TIMEOUT_S, NodeCondition
+
+
+class PrintingApi:
+    """A ConditionApi and EventApi that prints what it is asked to write."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self._out = out or sys.stdout
+
+    async def patch_condition(
+        self, node: str, condition: NodeCondition, *, deadline_s: float
+    ) -> None:
+        print(
+            f"PATCH nodes/{node}/status {CONDITION_TYPE}={condition.status.value} "
+            f"reason={condition.reason} message={json.dumps(condition.message)}",
+            file=self._out,
+            flush=True,
+        )
+
+    async def create_event(self, event: NodeEvent, *, deadline_s: float) -> None:
+        print(
+            f"EVENT {event.type.value} node/{event.node} {event.reason}: {event.message}",
+            file=self._out,
+            flush=True,
+        )
+
+
+class Unfenced:
+    """The fence of a replica with no Lease to hold: it may always write (dry run)."""
+
+    leading = True
+    holder = ""
+
+    def write_budget(self) -> float:
+        return REQUEST_TIMEOUT_S

@@ -1,0 +1,157 @@
+"""The controller's Prometheus metrics (``capwatch_controller_*``), on port 9401.
+
+Counted as things happen: condition writes and Events by result, lease
+transitions, and the detection latency -- from the end of the agent cycle
+that changed a node's condition (placed on this process's monotonic clock by
+the age the agent reported) to the successful write of that condition. Read
+at scrape time: nodes by condition status, streams by state, whether this
+replica leads its shard. Every series that can be known up front exists from
+the start at zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controller.conditions import AgentLink, ConditionStatus
+from controller.tracking import NodeState
+
+# Detection within a cycle's delivery is milliseconds; a write retried after
+# API errors can take seconds to a minute.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+WRITE_RESULTS = ("ok", "failed", "fenced", "not_found")
+EVENT_RESULTS = ("posted", "failed", "deduplicated", "fenced")
+
+
+class ControllerMetrics:
+    """Implements the writer's, the recorder's and the elector's observers."""
+
+    def __init__(
+        self,
+        *,
+        states: Callable[[], Mapping[str, NodeState]],
+        leading: Callable[[], bool],
+        shard: int,
+        shards: int,
+        identity: str,
+        version: str,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._shard = str(shard)
+        self._writes = Counter(
+            "capwatch_controller_condition_writes",
+            "Node condition writes, by result (fenced: this replica did not hold its Lease).",
+            ["result"],
+            registry=r,
+        )
+        self._events = Counter(
+            "capwatch_controller_events",
+            "Events on Nodes, by result.",
+            ["result"],
+            registry=r,
+        )
+        self._transitions = Counter(
+            "capwatch_controller_lease_transitions",
+            "Changes of the shard Lease's holder seen by this replica.",
+            ["shard"],
+            registry=r,
+        )
+        self._latency = Histogram(
+            "capwatch_controller_detection_latency_seconds",
+            "From the end of the agent cycle that changed a node's condition to its write.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        for result in WRITE_RESULTS:
+            self._writes.labels(result=result)
+        for result in EVENT_RESULTS:
+            self._events.labels(result=result)
+        self._transitions.labels(shard=self._shard)
+        r.register(
+            _Scrape(
+                states=states,
+                leading=leading,
+                shard=self._shard,
+                info={
+                    "version": version,
+                    "shard": self._shard,
+                    "shards": str(shards),
+                    "identity": identity,
+                },
+            )
+        )
+
+    # --- observers -----------------------------------------------------------------------
+
+    def written(self, *, result: str, latency_s: float | None) -> None:
+        self._writes.labels(result=result).inc()
+        if latency_s is not None:
+            self._latency.observe(latency_s)
+
+    def event(self, *, result: str) -> None:
+        self._events.labels(result=result).inc()
+
+    def leading(self, leading: bool) -> None:
+        pass  # read at scrape time
+
+    def holder_changed(self) -> None:
+        self._transitions.labels(shard=self._shard).inc()
+
+
+class _Scrape(Collector):
+    def __init__(
+        self,
+        *,
+        states: Callable[[], Mapping[str, NodeState]],
+        leading: Callable[[], bool],
+        shard: str,
+        info: dict[str, str],
+    ) -> None:
+        self._states = states
+        self._leading = leading
+        self._shard = shard
+        self._info = info
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families(populated=False)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(populated=True)
+
+    def _families(self, *, populated: bool) -> list[Metric]:
+        info = InfoMetricFamily("capwatch_controller", "The controller replica serving these.")
+        nodes = GaugeMetricFamily(
+            "capwatch_controller_nodes",
+            "Nodes of this shard by GPUPowerCapEnforced status (as derived now).",
+            labels=["status"],
+        )
+        streams = GaugeMetricFamily(
+            "capwatch_controller_streams",
+            "Nodes of this shard by the state of their agent's stream.",
+            labels=["state"],
+        )
+        leader = GaugeMetricFamily(
+            "capwatch_controller_leader",
+            "1 while this replica holds its shard's Lease (or runs without one), else 0.",
+            labels=["shard"],
+        )
+        families: list[Metric] = [info, nodes, streams, leader]
+        if not populated:
+            return families
+        info.add_metric([], self._info)
+        by_status = dict.fromkeys(ConditionStatus, 0)
+        by_link = dict.fromkeys(AgentLink, 0)
+        for state in self._states().values():
+            by_status[state.condition.status] += 1
+            by_link[state.observation.link] += 1
+        for status, count in by_status.items():
+            nodes.add_metric([status.value.lower()], float(count))
+        for link, count in by_link.items():
+            streams.add_metric([link.value], float(count))
+        leader.add_metric([self._shard], 1.0 if self._leading() else 0.0)
+        return families

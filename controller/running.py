@@ -1,0 +1,315 @@
+"""The composition root of ``capwatch controller``: build, start in order, stop in order.
+
+Start: bind the cluster stream's gRPC port, the metrics and the probes (a port
+that cannot be bound is fatal before anything is followed); start discovery,
+which starts one stream per agent of this shard; start the condition writer;
+campaign for the shard's Lease. Every replica follows its shard's streams and
+serves the cluster stream; only the Lease holder writes.
+
+Stop (SIGTERM, SIGINT, or a supervised task dying): readiness off; the
+cluster stream ended and its server stopped; the writer stopped (no new
+write; those in flight finish or time out); only then the Lease released, so
+a standby takes over at its next retry and no two replicas ever write at once;
+then the streams, discovery and the API client closed; metrics last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from agent.clock import Clock, SystemClock
+from agent.informer import WatchPolicy
+from controller.discovery import DiscoverySink, KubernetesDiscovery, StaticDiscovery
+from controller.dryrun import PrintingApi, Unfenced
+from controller.following import Followers
+from controller.leasing import LeaseElector
+from controller.metrics import ControllerMetrics
+from controller.recording import EventRecorder
+from controller.settings import ControllerSettings
+from controller.sharding import shard_of
+from controller.tracking import NodeTracker
+from controller.writing import ConditionWriter, NodeCondition
+from server.client import NodeHealthClient
+from server.metrics import package_version
+from server.readyz import Answer, ReadyzServer
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED = 0, 1
+# Discovery trusts the API server's list+watch as the agent's pod view does.
+DISCOVERY_POLICY = WatchPolicy(stale_after=60.0)
+
+
+class _ShardSink:
+    """Discovery's changes for this shard's nodes, to the tracker, followers and writer."""
+
+    def __init__(
+        self,
+        *,
+        settings: ControllerSettings,
+        tracker: NodeTracker,
+        followers: Followers,
+        writer: ConditionWriter,
+    ) -> None:
+        self._shards, self._index = settings.shards, settings.shard_index
+        self._tracker, self._followers, self._writer = tracker, followers, writer
+
+    def _ours(self, node: str) -> bool:
+        return shard_of(node, self._shards) == self._index
+
+    def target(self, node: str, address: str | None) -> None:
+        if self._ours(node):
+            self._tracker.target(node, address)
+            self._followers.target(node, address)
+
+    def gpu_node(self, node: str, *, present: bool, condition: NodeCondition | None) -> None:
+        if self._ours(node):
+            # The writer learns what the Node carries before the tracker asks for a write.
+            self._writer.observed(node, condition)
+            self._tracker.gpu_node(node, present=present)
+
+
+@dataclass(kw_only=True)
+class Controller:
+    """Everything ``capwatch controller`` runs, assembled (see :func:`build_controller`)."""
+
+    settings: ControllerSettings
+    clock: Clock
+    tracker: NodeTracker
+    followers: Followers
+    writer: ConditionWriter
+    metrics: ControllerMetrics
+    discovery: KubernetesDiscovery | StaticDiscovery
+    elector: LeaseElector | None  # None: --dry-run, no Lease
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    @property
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.leading
+
+    def sink(self) -> DiscoverySink:
+        return _ShardSink(
+            settings=self.settings,
+            tracker=self.tracker,
+            followers=self.followers,
+            writer=self.writer,
+        )
+
+    def readiness(self) -> Answer:
+        problem = self.discovery.sync_problem()
+        if problem is not None:
+            return Answer(status=503, body=f"discovery {problem}\n")
+        role = "leader" if self.leading else "standby"
+        return Answer(status=200, body=f"ok: {role}, following {len(self.followers)} agents\n")
+
+
+def _client_factory(settings: ControllerSettings) -> Callable[[str, str], NodeHealthClient]:
+    tls = settings.agent_tls
+    credentials: dict[str, Any] = {}
+    options: list[tuple[str, Any]] = []
+    if tls is not None:
+        # Read once at start: a renewed client certificate needs a restart.
+        credentials["root_certificates"] = tls.ca.read_bytes()
+        if tls.cert is not None and tls.key is not None:
+            credentials["certificate_chain"] = tls.cert.read_bytes()
+            credentials["private_key"] = tls.key.read_bytes()
+        if tls.server_name:
+            options.append(("grpc.ssl_target_name_override", tls.server_name))
+
+    def make(node: str, address: str) -> NodeHealthClient:
+        return NodeHealthClient(target=address, node_name=node, options=options, **credentials)
+
+    return make
+
+
+def build_controller(
+    settings: ControllerSettings, *, out: TextIO | None = None, clock: Clock | None = None
+) -> Controller:
+    """Assemble the controller; nothing runs yet. Raises ConfigError (bad kubeconfig)."""
+    clock = clock or SystemClock()
+    tracker = NodeTracker(clock=clock)
+    followers = Followers(tracker=tracker, clients=_client_factory(settings))
+    holder: dict[str, LeaseElector] = {}
+    metrics = ControllerMetrics(
+        states=tracker.states,
+        leading=lambda: "elector" not in holder or holder["elector"].leading,
+        shard=settings.shard_index,
+        shards=settings.shards,
+        identity=settings.identity,
+        version=package_version(),
+    )
+    closers: list[Callable[[], None]] = []
+    if settings.dry_run:
+        printing = PrintingApi(out or sys.stdout)
+        fence: Unfenced | LeaseElector = Unfenced()
+        events = EventRecorder(api=printing, fence=fence, clock=clock, observer=metrics)
+        writer = ConditionWriter(
+            api=printing,
+            events=events,
+            fence=fence,
+            clock=clock,
+            heartbeat_s=settings.condition_heartbeat_s,
+            observer=metrics,
+        )
+        assert settings.targets is not None  # settings validation guarantees it
+        return Controller(
+            settings=settings,
+            clock=clock,
+            tracker=tracker,
+            followers=followers,
+            writer=writer,
+            metrics=metrics,
+            discovery=StaticDiscovery(settings.targets),
+            elector=None,
+        )
+    from controller.kube import CollectionRequests, KubeApi, api_client  # noqa: PLC0415
+
+    assert settings.namespace is not None  # settings validation guarantees it
+    client = api_client(
+        None if settings.kubeconfig is None else str(settings.kubeconfig),
+        identity=settings.identity,
+    )
+    kube = KubeApi(client, namespace=settings.namespace, identity=settings.identity)
+    closers.append(kube.close)
+    elector = LeaseElector(
+        api=kube,
+        name=settings.lease_name,
+        identity=settings.identity,
+        clock=clock,
+        config=settings.lease,
+        observer=metrics,
+    )
+    holder["elector"] = elector
+    events = EventRecorder(api=kube, fence=elector, clock=clock, observer=metrics)
+    writer = ConditionWriter(
+        api=kube,
+        events=events,
+        fence=elector,
+        clock=clock,
+        heartbeat_s=settings.condition_heartbeat_s,
+        observer=metrics,
+    )
+    elector.on_started = writer.resume
+    nodes = CollectionRequests(
+        client, path="/api/v1/nodes", label_selector=settings.gpu_node_selector
+    )
+    pods = None
+    if settings.targets is None:
+        pods = CollectionRequests(
+            client,
+            path=f"/api/v1/namespaces/{settings.namespace}/pods",
+            label_selector=settings.agent_selector,
+        )
+    discovery = KubernetesDiscovery(
+        pods=pods,
+        nodes=nodes,
+        static_targets=settings.targets,
+        agent_port=settings.agent_port,
+        policy=DISCOVERY_POLICY,
+        clock=clock,
+    )
+    return Controller(
+        settings=settings,
+        clock=clock,
+        tracker=tracker,
+        followers=followers,
+        writer=writer,
+        metrics=metrics,
+        discovery=discovery,
+        elector=elector,
+        closers=closers,
+    )
+
+
+async def run_controller(
+    settings: ControllerSettings,
+    *,
+    out: TextIO | None = None,
+    on_started: Callable[[Controller], Awaitable[None]] | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run until stopped; returns the exit code. Raises CapwatchError at start-up."""
+    controller = build_controller(settings, out=out)
+    stop = stop or asyncio.Event()
+    probes = None
+    if settings.probe_port is not None:
+        probes = ReadyzServer(
+            controller.readiness,
+            port=settings.probe_port,
+            extra_routes={"/healthz": lambda: Answer(status=200, body="ok\n")},
+        )
+    from controller.serving import ClusterServer  # noqa: PLC0415
+
+    server = ClusterServer(controller=controller, listen=settings.grpc_listen)
+    try:
+        await server.start()
+        if probes is not None:
+            await probes.start()
+        await controller_metrics_start(controller)
+    except BaseException:
+        await server.stop()
+        for close in controller.closers:
+            close()
+        raise
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    died: list[asyncio.Task[Any]] = []
+
+    def supervise(task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s died; stopping", task.get_name(), exc_info=task.exception())
+            died.append(task)
+            stop.set()
+
+    controller.discovery.start(controller.sink())
+    controller.writer.start()
+    for task in controller.writer.tasks:
+        task.add_done_callback(supervise)
+    elector_task = None
+    if controller.elector is not None:
+        elector_task = asyncio.create_task(controller.elector.run(), name="capwatch-lease")
+        elector_task.add_done_callback(supervise)
+    log.info(
+        "controller started shard=%d/%d identity=%s dry_run=%s",
+        settings.shard_index,
+        settings.shards,
+        settings.identity,
+        str(settings.dry_run).lower(),
+    )
+    if on_started is not None:
+        await on_started(controller)
+    try:
+        await stop.wait()
+        log.info("stopping: streams served end, writes stop, then the Lease is released")
+        await server.stop()
+        await controller.writer.stop()
+        if elector_task is not None:
+            elector_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await elector_task
+        if controller.elector is not None:
+            await controller.elector.release()
+        await controller.followers.close()
+        controller.discovery.close()
+        controller.tracker.close()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        for close in controller.closers:
+            close()
+        if probes is not None:
+            await probes.stop()
+    return EXIT_FAILED if died else EXIT_OK
+
+
+async def controller_metrics_start(controller: Controller) -> None:
+    """Placeholder-free hook: metrics are served by :mod:`controller.serving`."""

@@ -1,0 +1,346 @@
+"""The controller's configuration: one frozen object, built and validated in one place.
+
+Every flag has an environment twin (``CAPWATCH_CONTROLLER_<FLAG>``, and the
+Downward API's ``POD_NAME``/``POD_NAMESPACE`` for the pod's own name and
+namespace). Everything is checked before anything starts -- the targets file
+is parsed, the shard index derived -- and a bad value raises
+:class:`~agent.errors.ConfigError` naming the flag, which the command line
+prints as one line before exiting 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import ConfigError
+from agent.flags import Option, add_options, boolean, optional_path, positive_float, read_options
+from agent.settings import LOG_FORMAT_OPTION, LogFormat, log_level_option
+from controller.discovery import parse_targets
+from controller.leasing import LeaseConfig
+from controller.sharding import ordinal
+from server.settings import host_port, listen_port
+
+DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/name=capwatch,app.kubernetes.io/component=node-agent"
+DEFAULT_GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
+DEFAULT_LISTEN = "0.0.0.0:50052"
+DEFAULT_METRICS_PORT = 9401
+DEFAULT_PROBE_PORT = 8082
+MAX_SHARDS = 1024
+_SELECTOR_TERM = re.compile(r"!?[A-Za-z0-9./_-]+((==|!=|=)[A-Za-z0-9._-]*)?")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentTls:
+    """How the controller dials agents over TLS (the chart's ``grpc.tls``)."""
+
+    ca: Path
+    cert: Path | None  # with key: mutual TLS
+    key: Path | None
+    server_name: str | None  # the name agents' certificates carry, when not their pod IP
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerSettings:
+    namespace: str | None  # the release namespace (agents, Leases); None only with --dry-run
+    targets: Mapping[str, str] | None  # --targets: static discovery; None: watch agent pods
+    agent_selector: str
+    agent_port: int
+    gpu_node_selector: str
+    shards: int
+    shard_index: int
+    identity: str
+    lease: LeaseConfig
+    condition_heartbeat_s: float
+    grpc_listen: str
+    metrics_port: int | None  # None: no metrics endpoint
+    probe_port: int | None  # None: no probe endpoint
+    dry_run: bool
+    kubeconfig: Path | None
+    agent_tls: AgentTls | None
+    log_level: str
+    log_format: LogFormat
+
+    @property
+    def lease_name(self) -> str:
+        return f"capwatch-controller-{self.shard_index}"
+
+
+def _selector(flag: str, text: str) -> str:
+    terms = [t.strip() for t in text.split(",")] if text.strip() else []
+    if not terms or not all(_SELECTOR_TERM.fullmatch(t) for t in terms):
+        raise ConfigError(flag, f"not an equality-based label selector: {text!r}")
+    return ",".join(terms)
+
+
+def _count(flag: str, text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_SHARDS:
+        raise ConfigError(flag, f"must be an integer from 1 to {MAX_SHARDS}, got {text!r}")
+    return int(text)
+
+
+def _index(flag: str, text: str) -> int | None:
+    if text == "":
+        return None
+    if not text.isdigit():
+        raise ConfigError(flag, f"must be a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def _optional_port(flag: str, text: str) -> int | None:
+    return None if text == "0" else listen_port(flag, text)
+
+
+def _listen(flag: str, text: str) -> str:
+    if host_port(text) is None:
+        raise ConfigError(flag, f"expected host:port, got {text!r}")
+    return text
+
+
+def _text(flag: str, text: str) -> str:
+    return text
+
+
+_OPTIONS = (
+    Option(
+        flag="--namespace",
+        env="POD_NAMESPACE",
+        default="",
+        convert=_text,
+        help="the release namespace: where the agent pods run and the Leases live",
+    ),
+    Option(
+        flag="--targets",
+        env="CAPWATCH_CONTROLLER_TARGETS",
+        default="",
+        convert=optional_path,
+        help="follow the agents in this file (one 'NODE ADDRESS' per line, # comments) "
+        "instead of watching the agent pods",
+    ),
+    Option(
+        flag="--agent-selector",
+        env="CAPWATCH_CONTROLLER_AGENT_SELECTOR",
+        default=DEFAULT_AGENT_SELECTOR,
+        convert=_selector,
+        help="label selector of the agent pods (the chart's labels)",
+    ),
+    Option(
+        flag="--agent-port",
+        env="CAPWATCH_CONTROLLER_AGENT_PORT",
+        default="50051",
+        convert=listen_port,
+        help="the agents' gRPC port",
+    ),
+    Option(
+        flag="--gpu-node-selector",
+        env="CAPWATCH_CONTROLLER_GPU_NODE_SELECTOR",
+        default=DEFAULT_GPU_NODE_SELECTOR,
+        convert=_selector,
+        help="label selector of the nodes that should run an agent",
+    ),
+    Option(
+        flag="--shards",
+        env="CAPWATCH_CONTROLLER_SHARDS",
+        default="1",
+        convert=_count,
+        help="how many shards split the nodes (jump hash of the node name)",
+    ),
+    Option(
+        flag="--shard-index",
+        env="CAPWATCH_CONTROLLER_SHARD_INDEX",
+        default="",
+        convert=_index,
+        help="this replica's shard; default: its StatefulSet ordinal mod --shards",
+    ),
+    Option(
+        flag="--pod-name",
+        env="POD_NAME",
+        default="",
+        convert=_text,
+        help="this pod's name (the StatefulSet ordinal, and the Lease identity)",
+    ),
+    Option(
+        flag="--identity",
+        env="CAPWATCH_CONTROLLER_IDENTITY",
+        default="",
+        convert=_text,
+        help="the Lease holder identity; default: pod name (or host name) and a random suffix",
+    ),
+    Option(
+        flag="--lease-duration",
+        env="CAPWATCH_CONTROLLER_LEASE_DURATION",
+        default="15",
+        convert=positive_float,
+        help="seconds a standby waits before taking over an unrenewed Lease",
+    ),
+    Option(
+        flag="--renew-deadline",
+        env="CAPWATCH_CONTROLLER_RENEW_DEADLINE",
+        default="10",
+        convert=positive_float,
+        help="seconds the leader keeps trying to renew before it stops writing",
+    ),
+    Option(
+        flag="--retry-period",
+        env="CAPWATCH_CONTROLLER_RETRY_PERIOD",
+        default="2",
+        convert=positive_float,
+        help="seconds between attempts to acquire or renew the Lease",
+    ),
+    Option(
+        flag="--condition-heartbeat",
+        env="CAPWATCH_CONTROLLER_CONDITION_HEARTBEAT",
+        default="300",
+        convert=positive_float,
+        help="seconds between rewrites of an unchanged condition (lastHeartbeatTime)",
+    ),
+    Option(
+        flag="--grpc-listen",
+        env="CAPWATCH_CONTROLLER_GRPC_LISTEN",
+        default=DEFAULT_LISTEN,
+        convert=_listen,
+        help="where the cluster stream (capwatch.v1.ClusterHealthService) is served",
+    ),
+    Option(
+        flag="--metrics-port",
+        env="CAPWATCH_CONTROLLER_METRICS_PORT",
+        default=str(DEFAULT_METRICS_PORT),
+        convert=_optional_port,
+        help="Prometheus metrics port (0 disables)",
+    ),
+    Option(
+        flag="--probe-port",
+        env="CAPWATCH_CONTROLLER_PROBE_PORT",
+        default=str(DEFAULT_PROBE_PORT),
+        convert=_optional_port,
+        help="GET /readyz and /healthz port (0 disables)",
+    ),
+    Option(
+        flag="--dry-run",
+        env="CAPWATCH_CONTROLLER_DRY_RUN",
+        default="false",
+        convert=boolean,
+        help="no API server: print the condition patches and Events instead of writing them "
+        "(needs --targets)",
+    ),
+    Option(
+        flag="--kubeconfig",
+        env="KUBECONFIG",
+        default="",
+        convert=optional_path,
+        help="kubeconfig for running outside a cluster (in-cluster config otherwise)",
+    ),
+    Option(
+        flag="--agent-tls-ca",
+        env="CAPWATCH_CONTROLLER_AGENT_TLS_CA",
+        default="",
+        convert=optional_path,
+        help="dial agents over TLS, trusting this CA (PEM)",
+    ),
+    Option(
+        flag="--agent-tls-cert",
+        env="CAPWATCH_CONTROLLER_AGENT_TLS_CERT",
+        default="",
+        convert=optional_path,
+        help="client certificate for agents that require mutual TLS (PEM)",
+    ),
+    Option(
+        flag="--agent-tls-key",
+        env="CAPWATCH_CONTROLLER_AGENT_TLS_KEY",
+        default="",
+        convert=optional_path,
+        help="private key for --agent-tls-cert (PEM)",
+    ),
+    Option(
+        flag="--agent-tls-server-name",
+        env="CAPWATCH_CONTROLLER_AGENT_TLS_SERVER_NAME",
+        default="",
+        convert=_text,
+        help="the name the agents' certificates carry (they are dialled by pod IP)",
+    ),
+    log_level_option("info"),
+    LOG_FORMAT_OPTION,
+)
+
+
+def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, _OPTIONS)
+
+
+def controller_settings(
+    namespace: argparse.Namespace, environ: Mapping[str, str]
+) -> ControllerSettings:
+    values = read_options(namespace, environ, _OPTIONS)
+    shards: int = values["shards"]
+    pod_name: str = values["pod_name"]
+    index: int | None = values["shard_index"]
+    if index is None:
+        index = ordinal(pod_name) % shards if pod_name else 0
+        if not pod_name and shards > 1:
+            raise ConfigError("--shard-index", "required with --shards > 1 outside a StatefulSet")
+    if index >= shards:
+        raise ConfigError("--shard-index", f"must be below --shards ({shards}), got {index}")
+    lease = LeaseConfig(
+        lease_s=values["lease_duration"],
+        renew_deadline_s=values["renew_deadline"],
+        retry_s=values["retry_period"],
+    )
+    targets_file: Path | None = values["targets"]
+    dry_run: bool = values["dry_run"]
+    release_namespace: str = values["namespace"]
+    if dry_run and targets_file is None:
+        raise ConfigError("--dry-run", "needs --targets (there is no API server to discover from)")
+    if not dry_run and not release_namespace:
+        raise ConfigError("--namespace", "required (set POD_NAMESPACE) unless --dry-run")
+    settings = ControllerSettings(
+        namespace=release_namespace or None,
+        targets=None if targets_file is None else parse_targets(targets_file),
+        agent_selector=values["agent_selector"],
+        agent_port=values["agent_port"],
+        gpu_node_selector=values["gpu_node_selector"],
+        shards=shards,
+        shard_index=index,
+        identity=values["identity"] or f"{pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        lease=lease,
+        condition_heartbeat_s=values["condition_heartbeat"],
+        grpc_listen=values["grpc_listen"],
+        metrics_port=values["metrics_port"],
+        probe_port=values["probe_port"],
+        dry_run=dry_run,
+        kubeconfig=values["kubeconfig"],
+        agent_tls=_agent_tls(values),
+        log_level=values["log_level"],
+        log_format=values["log_format"],
+    )
+    return settings
+
+
+def _agent_tls(values: Mapping[str, object]) -> AgentTls | None:
+    ca, cert, key = values["agent_tls_ca"], values["agent_tls_cert"], values["agent_tls_key"]
+    name = values["agent_tls_server_name"]
+    if ca is None:
+        if cert is not None or key is not None or name:
+            raise ConfigError("--agent-tls-ca", "required by the other --agent-tls-* flags")
+        return None
+    if (cert is None) != (key is None):
+        raise ConfigError("--agent-tls-cert", "--agent-tls-cert and --agent-tls-key go together")
+    for flag, file in (
+        ("--agent-tls-ca", ca),
+        ("--agent-tls-cert", cert),
+        ("--agent-tls-key", key),
+    ):
+        if isinstance(file, Path) and not os.access(file, os.R_OK):
+            raise ConfigError(flag, f"{file} is not a readable file")
+    assert isinstance(ca, Path)
+    return AgentTls(
+        ca=ca,
+        cert=cert if isinstance(cert, Path) else None,
+        key=key if isinstance(key, Path) else None,
+        server_name=str(name) or None,
+    )
