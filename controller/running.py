@@ -26,19 +26,24 @@ from typing import Any, TextIO
 
 from agent.clock import Clock, SystemClock
 from agent.informer import WatchPolicy
+from controller import mapping
+from controller.cluster import ClusterView
 from controller.discovery import DiscoverySink, KubernetesDiscovery, StaticDiscovery
 from controller.dryrun import PrintingApi, Unfenced
 from controller.following import Followers
 from controller.leasing import LeaseElector
 from controller.metrics import ControllerMetrics
 from controller.recording import EventRecorder
+from controller.serving import ClusterServer
 from controller.settings import ControllerSettings
 from controller.sharding import shard_of
 from controller.tracking import NodeTracker
 from controller.writing import ConditionWriter, NodeCondition
 from server.client import NodeHealthClient
+from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from server.metrics import package_version
 from server.readyz import Answer, ReadyzServer
+from server.serving import ServeError
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +93,9 @@ class Controller:
     metrics: ControllerMetrics
     discovery: KubernetesDiscovery | StaticDiscovery
     elector: LeaseElector | None  # None: --dry-run, no Lease
+    cluster: ClusterView
     closers: list[Callable[[], None]] = field(default_factory=list)
-    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    stopping: bool = False
 
     @property
     def leading(self) -> bool:
@@ -103,12 +109,28 @@ class Controller:
             writer=self.writer,
         )
 
+    def ready(self) -> bool:
+        return not self.stopping and self.discovery.sync_problem() is None
+
     def readiness(self) -> Answer:
+        """Ready while discovery is in sync: a standby serves the cluster stream too."""
+        if self.stopping:
+            return Answer(status=503, body="stopping\n")
         problem = self.discovery.sync_problem()
         if problem is not None:
             return Answer(status=503, body=f"discovery {problem}\n")
         role = "leader" if self.leading else "standby"
         return Answer(status=200, body=f"ok: {role}, following {len(self.followers)} agents\n")
+
+    def shard_message(self) -> cpb.Shard:
+        elector = self.elector
+        return mapping.shard(
+            index=self.settings.shard_index,
+            count=self.settings.shards,
+            lease_name="" if elector is None else elector.name,
+            holder="" if elector is None else elector.holder,
+            leading=self.leading,
+        )
 
 
 def _client_factory(settings: ControllerSettings) -> Callable[[str, str], NodeHealthClient]:
@@ -137,6 +159,7 @@ def build_controller(
     clock = clock or SystemClock()
     tracker = NodeTracker(clock=clock)
     followers = Followers(tracker=tracker, clients=_client_factory(settings))
+    cluster = ClusterView(clock=clock)
     holder: dict[str, LeaseElector] = {}
     metrics = ControllerMetrics(
         states=tracker.states,
@@ -160,15 +183,18 @@ def build_controller(
             observer=metrics,
         )
         assert settings.targets is not None  # settings validation guarantees it
-        return Controller(
-            settings=settings,
-            clock=clock,
-            tracker=tracker,
-            followers=followers,
-            writer=writer,
-            metrics=metrics,
-            discovery=StaticDiscovery(settings.targets),
-            elector=None,
+        return _wired(
+            Controller(
+                settings=settings,
+                clock=clock,
+                tracker=tracker,
+                followers=followers,
+                writer=writer,
+                metrics=metrics,
+                discovery=StaticDiscovery(settings.targets),
+                elector=None,
+                cluster=cluster,
+            )
         )
     from controller.kube import CollectionRequests, KubeApi, api_client  # noqa: PLC0415
 
@@ -216,17 +242,28 @@ def build_controller(
         policy=DISCOVERY_POLICY,
         clock=clock,
     )
-    return Controller(
-        settings=settings,
-        clock=clock,
-        tracker=tracker,
-        followers=followers,
-        writer=writer,
-        metrics=metrics,
-        discovery=discovery,
-        elector=elector,
-        closers=closers,
+    return _wired(
+        Controller(
+            settings=settings,
+            clock=clock,
+            tracker=tracker,
+            followers=followers,
+            writer=writer,
+            metrics=metrics,
+            discovery=discovery,
+            elector=elector,
+            cluster=cluster,
+            closers=closers,
+        )
     )
+
+
+def _wired(controller: Controller) -> Controller:
+    """The links between the parts (each needs the others built first)."""
+    controller.tracker.add_listener(controller.writer)
+    controller.tracker.add_listener(controller.cluster)
+    controller.cluster.shard = controller.shard_message
+    return controller
 
 
 async def run_controller(
@@ -239,77 +276,104 @@ async def run_controller(
     """Run until stopped; returns the exit code. Raises CapwatchError at start-up."""
     controller = build_controller(settings, out=out)
     stop = stop or asyncio.Event()
-    probes = None
-    if settings.probe_port is not None:
-        probes = ReadyzServer(
-            controller.readiness,
-            port=settings.probe_port,
-            extra_routes={"/healthz": lambda: Answer(status=200, body="ok\n")},
-        )
-    from controller.serving import ClusterServer  # noqa: PLC0415
-
-    server = ClusterServer(controller=controller, listen=settings.grpc_listen)
+    running = _Running(controller, stop)
     try:
-        await server.start()
-        if probes is not None:
-            await probes.start()
-        await controller_metrics_start(controller)
+        await running.bind()
     except BaseException:
-        await server.stop()
-        for close in controller.closers:
-            close()
+        await running.unbind()
         raise
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    died: list[asyncio.Task[Any]] = []
-
-    def supervise(task: asyncio.Task[Any]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("task %s died; stopping", task.get_name(), exc_info=task.exception())
-            died.append(task)
-            stop.set()
-
-    controller.discovery.start(controller.sink())
-    controller.writer.start()
-    for task in controller.writer.tasks:
-        task.add_done_callback(supervise)
-    elector_task = None
-    if controller.elector is not None:
-        elector_task = asyncio.create_task(controller.elector.run(), name="capwatch-lease")
-        elector_task.add_done_callback(supervise)
-    log.info(
-        "controller started shard=%d/%d identity=%s dry_run=%s",
-        settings.shard_index,
-        settings.shards,
-        settings.identity,
-        str(settings.dry_run).lower(),
-    )
-    if on_started is not None:
-        await on_started(controller)
     try:
+        running.start()
+        if on_started is not None:
+            await on_started(controller)
         await stop.wait()
         log.info("stopping: streams served end, writes stop, then the Lease is released")
-        await server.stop()
-        await controller.writer.stop()
-        if elector_task is not None:
-            elector_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await elector_task
-        if controller.elector is not None:
-            await controller.elector.release()
-        await controller.followers.close()
-        controller.discovery.close()
-        controller.tracker.close()
+        await running.shut_down()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        for close in controller.closers:
+        await running.unbind()
+    return EXIT_FAILED if running.died else EXIT_OK
+
+
+class _Running:
+    """The ordered start and stop of an assembled controller."""
+
+    def __init__(self, controller: Controller, stop: asyncio.Event) -> None:
+        self.controller = controller
+        self._stop = stop
+        self.died: list[asyncio.Task[Any]] = []
+        settings = controller.settings
+        self.server = ClusterServer(
+            view=controller.cluster, listen=settings.grpc_listen, ready=controller.ready
+        )
+        self.probes = None
+        if settings.probe_port is not None:
+            self.probes = ReadyzServer(
+                controller.readiness,
+                port=settings.probe_port,
+                extra_routes={"/healthz": lambda: Answer(status=200, body="ok\n")},
+            )
+        self._elector_task: asyncio.Task[None] | None = None
+
+    async def bind(self) -> None:
+        """Every port, before anything is followed: a taken port is fatal here."""
+        await self.server.start()
+        if self.probes is not None:
+            try:
+                await self.probes.start()
+            except OSError as exc:
+                port = self.controller.settings.probe_port
+                raise ServeError(f"--probe-port: cannot listen on :{port}: {exc.strerror}") from exc
+
+    def start(self) -> None:
+        controller = self.controller
+        controller.discovery.start(controller.sink())
+        controller.writer.start()
+        tasks = [*controller.writer.tasks, *self.server.tasks]
+        if controller.elector is not None:
+            self._elector_task = asyncio.create_task(
+                controller.elector.run(), name="capwatch-lease"
+            )
+            tasks.append(self._elector_task)
+        for task in tasks:
+            task.add_done_callback(self._supervise)
+        settings = controller.settings
+        log.info(
+            "controller started shard=%d/%d identity=%s dry_run=%s",
+            settings.shard_index,
+            settings.shards,
+            settings.identity,
+            str(settings.dry_run).lower(),
+        )
+
+    def _supervise(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s died; stopping", task.get_name(), exc_info=task.exception())
+            self.died.append(task)
+            self._stop.set()
+
+    async def shut_down(self) -> None:
+        controller = self.controller
+        controller.stopping = True
+        await self.server.stop()
+        await controller.writer.stop()
+        if self._elector_task is not None:
+            self._elector_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._elector_task
+        if controller.elector is not None:
+            await controller.elector.release()  # only now: no write of ours is in flight
+        await controller.followers.close()
+        controller.discovery.close()
+        controller.tracker.close()
+
+    async def unbind(self) -> None:
+        if self.probes is not None:
+            await self.probes.stop()
+        await self.server.stop()
+        for close in self.controller.closers:
             close()
-        if probes is not None:
-            await probes.stop()
-    return EXIT_FAILED if died else EXIT_OK
-
-
-async def controller_metrics_start(controller: Controller) -> None:
-    """Placeholder-free hook: metrics are served by :mod:`controller.serving`."""

@@ -298,7 +298,7 @@ def controller_settings(
         raise ConfigError("--dry-run", "needs --targets (there is no API server to discover from)")
     if not dry_run and not release_namespace:
         raise ConfigError("--namespace", "required (set POD_NAMESPACE) unless --dry-run")
-    settings = ControllerSettings(
+    return ControllerSettings(
         namespace=release_namespace or None,
         targets=None if targets_file is None else parse_targets(targets_file),
         agent_selector=values["agent_selector"],
@@ -318,7 +318,6 @@ def controller_settings(
         log_level=values["log_level"],
         log_format=values["log_format"],
     )
-    return settings
 
 
 def _agent_tls(values: Mapping[str, object]) -> AgentTls | None:
