@@ -17,7 +17,6 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from agent.errors import CapwatchError
@@ -29,7 +28,7 @@ from server.gen.v1 import dra_health_pb2 as v1_pb
 from server.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
-from server.health import track_readiness
+from server.health import ListingHealthServicer, track_readiness
 from server.publication import Publication
 from server.settings import Listener, ServerSettings
 from server.watching import NodeHealthServicer
@@ -80,7 +79,7 @@ class AgentServer:
         self._settings = settings
         self._pub = publication
         self._server = grpc.aio.server(options=OPTIONS)
-        self._health = HealthServicer()
+        self._health = ListingHealthServicer()
         self._tracker: asyncio.Task[None] | None = None
         self._sockets: list[Path] = []
         self._certificates: ReloadingCertificates | None = None
