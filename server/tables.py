@@ -74,7 +74,8 @@ def render_readiness(readiness: pb.Readiness) -> str:
     if readiness.ready:
         text = "ready"
     else:
-        reason = _enum(pb.ReadinessReason, readiness.reason, "READINESS_REASON_")
+        # Spelled as the agent, the shim and the logs spell it (cycle-failed).
+        reason = _enum(pb.ReadinessReason, readiness.reason, "READINESS_REASON_").replace("_", "-")
         text = f"NOT READY: {reason}" + (f" ({readiness.detail})" if readiness.detail else "")
     if readiness.HasField("last_good_cycle_age"):
         age = readiness.last_good_cycle_age.ToTimedelta().total_seconds()

@@ -391,20 +391,22 @@ class _Printer:
         self._err = err
         self._status = err if settings.json else out  # keep JSON output pure
         self._lost = False
+        self._sequence = settings.since  # the last cycle shown (or asked to resume after)
 
     def message(self, event: Snapshot | Cycle | Heartbeat | DeviceList) -> None:
         if self._lost:
             self._lost = False
             self._line(self._status, f"reconnected to {self._settings.target}")
         if isinstance(event, Snapshot) and event.resync:
-            why = (
-                "the agent restarted"
-                if event.restarted
-                else "the cycles missed are no longer buffered"
+            self._line(
+                self._status, f"resync: {self._resync_cause(event)}; showing its current state"
             )
-            self._line(self._status, f"resync: {why}; showing its current state")
+        if isinstance(event, Snapshot):
+            self._sequence = event.snapshot.sequence
+        elif isinstance(event, Cycle):
+            self._sequence = event.cycle.sequence
         if self._settings.json:
-            self._line(self._out, MessageToJson(_message(event), indent=None))
+            self._line(self._out, as_json(_message(event)))
         elif isinstance(event, Snapshot):
             self._line(self._out, render_snapshot(event.snapshot) + "\n")
         elif isinstance(event, Cycle):
@@ -414,6 +416,17 @@ class _Printer:
         else:
             text = render_devices(event.response, version=event.version.value)
             self._line(self._out, text + "\n")
+
+    def _resync_cause(self, event: Snapshot) -> str:
+        if event.restarted:
+            return "the agent restarted"
+        if event.snapshot.sequence < self._sequence:
+            # Only --since can be ahead: the agent's sequence never goes back.
+            return (
+                f"--since {self._sequence} is ahead of the agent's last cycle "
+                f"({event.snapshot.sequence})"
+            )
+        return "the cycles missed are no longer buffered"
 
     def disconnected(self, event: Disconnected) -> None:
         self._lost = True
@@ -430,6 +443,17 @@ class _Printer:
     def _line(stream: TextIO, text: str) -> None:
         stream.write(text + "\n")
         stream.flush()
+
+
+def as_json(message: Any) -> str:
+    """One line of JSON with the proto field names grpcurl shows, zero values included
+    (GPU 0's ``index``, ``ready: false``), so scripts need no defaults of their own."""
+    return MessageToJson(
+        message,
+        indent=None,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
 
 
 def _message(event: Snapshot | Cycle | Heartbeat | DeviceList) -> Any:

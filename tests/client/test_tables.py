@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
+
+from agent.readiness import ReadinessReason
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.gen.v1 import dra_health_pb2 as v1_pb
-from server.tables import render_cycle, render_devices, render_heartbeat, render_snapshot
+from server.mapping import READINESS_REASON
+from server.tables import (
+    render_cycle,
+    render_devices,
+    render_heartbeat,
+    render_readiness,
+    render_snapshot,
+)
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -50,7 +60,7 @@ def test_cycle_table_shows_what_each_gpu_got():
     text = render_cycle(cycle)
     head = text.splitlines()[0]
     assert head.startswith("cycle 7  --:--:--  NOT ENFORCED")
-    assert "NOT READY: cycle_failed (gpu1:write_failed), no good cycle yet" in head
+    assert "NOT READY: cycle-failed (gpu1:write_failed), no good cycle yet" in head
     assert text.splitlines()[1] == "  ! boom"
     header, first, second = _rows(text.split("\n", 1)[1])
     assert header[:4] == ["GPU", "HEALTH", "UUID", "OUTCOME"]
@@ -120,3 +130,18 @@ def test_dra_device_list_table():
     assert row[:3] == ["n1", "gpu-0", "unhealthy"]
     assert row[4] == "45s"
     assert lines[2].endswith("capwatch: power cap not enforced (write_failed)")
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        r
+        for r in ReadinessReason
+        if r is not ReadinessReason.READY and READINESS_REASON[r] != pb.READINESS_REASON_UNSPECIFIED
+    ],
+)
+def test_readiness_reasons_are_spelled_as_the_agent_spells_them(reason: ReadinessReason):
+    """The table's NOT READY reason is the agent's own value (cycle-failed, not
+    cycle_failed), as the shim's /readyz body and the agent's logs spell it."""
+    text = render_readiness(pb.Readiness(ready=False, reason=READINESS_REASON[reason]))
+    assert text.startswith(f"NOT READY: {reason.value}, ")

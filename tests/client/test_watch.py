@@ -47,9 +47,49 @@ async def test_json_count_prints_that_many_json_lines(harness: ServerHarness, ca
     assert len(lines) == 3
     messages = [json.loads(line) for line in lines]
     assert list(messages[0]) == ["snapshot"]
-    assert messages[0]["snapshot"]["nodeName"] == "node-under-test"
+    assert messages[0]["snapshot"]["node_name"] == "node-under-test"
     assert [list(m) for m in messages[1:]] == [["heartbeat"], ["heartbeat"]]
-    assert messages[1]["heartbeat"]["lastSequence"] == "1"
+    assert messages[1]["heartbeat"]["last_sequence"] == "1"
+
+
+@pytest.mark.asyncio
+async def test_json_has_grpcurls_field_names_and_zero_values(harness: ServerHarness, capsys):
+    """--json spells fields as the proto (and grpcurl) do, and prints zero values: GPU 0
+    has its index, a failed cycle says enforced false, fields never set are printed."""
+    harness.publish([ok(0), failed(1), ok(2)])
+    rc, out, _ = await capwatch_watch(capsys, "--target", harness.target, "--json", "--count", "1")
+    assert rc == 0
+    snapshot = json.loads(out)["snapshot"]
+    assert [d["index"] for d in snapshot["devices"]] == [0, 1, 2]
+    assert snapshot["last_cycle"]["enforced"] is False
+    assert snapshot["readiness"]["ready"] is False
+    assert snapshot["resync"] is False
+    assert {"dra_device_name", "error_class", "process_count"} <= set(snapshot["devices"][0])
+    assert not [key for key in _keys(snapshot) if any(c.isupper() for c in key)]
+
+
+def _keys(value: object) -> list[str]:
+    if isinstance(value, dict):
+        return [*value, *(k for v in value.values() for k in _keys(v))]
+    if isinstance(value, list):
+        return [k for v in value for k in _keys(v)]
+    return []
+
+
+@pytest.mark.asyncio
+async def test_since_ahead_of_the_agent_says_so(harness: ServerHarness, capsys):
+    """--since past the agent's last cycle gets a resync that says why (not that the
+    cycles are no longer buffered: they never existed)."""
+    harness.publish()
+    harness.publish()
+    rc, out, _ = await capwatch_watch(
+        capsys, "--target", harness.target, "--since", "5", "--count", "1"
+    )
+    assert rc == 0
+    first = out.splitlines()[0]
+    assert first == (
+        "resync: --since 5 is ahead of the agent's last cycle (2); showing its current state"
+    )
 
 
 @pytest.mark.asyncio
@@ -82,7 +122,7 @@ async def test_table_mode_prints_a_row_per_gpu_and_heartbeat_lines(harness: Serv
     assert rc == 0
     lines = out.splitlines()
     assert lines[0].startswith("snapshot  node node-under-test")
-    assert "NOT READY: cycle_failed" in lines[0]
+    assert "NOT READY: cycle-failed" in lines[0]
     assert lines[1].split()[:4] == ["GPU", "HEALTH", "UUID", "OUTCOME"]
     rows = [line.split() for line in lines[2:5]]
     assert [row[:2] for row in rows] == [["0", "healthy"], ["1", "unhealthy"], ["2", "healthy"]]
@@ -136,7 +176,7 @@ async def test_dra_json(harness: ServerHarness, capsys):
     assert rc == 0
     (line,) = out.splitlines()
     devices = json.loads(line)["devices"]
-    assert [d["device"]["deviceName"] for d in devices] == ["gpu-0", "gpu-1", "gpu-2"]
+    assert [d["device"]["device_name"] for d in devices] == ["gpu-0", "gpu-1", "gpu-2"]
 
 
 @pytest.mark.asyncio
