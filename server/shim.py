@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from agent.clock import Clock, SystemClock
 from agent.errors import CapwatchError
 from agent.flags import Option, add_options, enum_choice, read_options
-from agent.settings import LogFormat
+from agent.settings import LogFormat, log_level_option
 from server.client import NodeHealthClient
 from server.events import Cycle, Disconnected, Heartbeat, Snapshot
 from server.logs import configure_logging
@@ -65,6 +65,7 @@ _OPTIONS = (
         convert=enum_choice(LogFormat),
         help="text or json",
     ),
+    log_level_option("info"),
 )
 
 
@@ -73,6 +74,7 @@ class ShimSettings:
     readyz_address: str
     readyz_port: int
     log_format: LogFormat = LogFormat.TEXT
+    log_level: str = "INFO"
 
 
 def add_shim_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +87,7 @@ def shim_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -> 
         readyz_address=values["readyz_address"],
         readyz_port=values["readyz_port"],
         log_format=values["log_format"],
+        log_level=values["log_level"],
     )
 
 
@@ -168,5 +171,5 @@ def main_shim(namespace: argparse.Namespace, environ: Mapping[str, str]) -> int:
     connection_env = {k: v for k, v in environ.items() if not k.startswith("CAPWATCH_WATCH_")}
     client = client_for(watch_settings(namespace, connection_env))
     settings = shim_settings(namespace, environ)
-    configure_logging("INFO", settings.log_format)
+    configure_logging(settings.log_level, settings.log_format)
     return asyncio.run(run_shim(client, settings))

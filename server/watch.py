@@ -28,6 +28,7 @@ from google.protobuf.json_format import MessageToJson
 
 from agent.errors import ConfigError
 from agent.flags import Option, add_options, enum_choice, optional_path, read_options
+from agent.settings import LOG_FORMAT_OPTION, LogFormat, log_level_option
 from server.client import (
     Cycle,
     DeviceList,
@@ -64,6 +65,8 @@ class WatchSettings:
     count: int | None  # stop after this many messages; None: never
     indexes: tuple[int, ...]
     uuids: tuple[str, ...]
+    log_level: str = "WARNING"  # the client's own log (reconnects: INFO)
+    log_format: LogFormat = LogFormat.TEXT
 
     @property
     def tls(self) -> bool:
@@ -218,6 +221,8 @@ _OPTIONS = (
         repeatable=True,
         help="show only this GPU (index or UUID), repeatable",
     ),
+    log_level_option("warning"),
+    LOG_FORMAT_OPTION,
 )
 
 
@@ -250,6 +255,8 @@ def watch_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         count=values["count"],
         indexes=tuple(g for g in gpus if isinstance(g, int)),
         uuids=tuple(g for g in gpus if isinstance(g, str)),
+        log_level=values["log_level"],
+        log_format=values["log_format"],
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise ConfigError("--tls-cert", "--tls-cert and --tls-key go together")

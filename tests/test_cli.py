@@ -77,6 +77,43 @@ def test_unknown_flag_is_one_line_too(capsys):
     assert "unrecognized arguments: --intervall" in err
 
 
+def test_version_prints_the_installed_packages_version(capsys):
+    """`capwatch --version` prints the version pyproject.toml gives the package, exit 0."""
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    version = next(
+        line.split('"')[1] for line in pyproject.splitlines() if line.startswith("version = ")
+    )
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"], {})
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"capwatch {version}\n"
+
+
+LOG_LEVEL_ARGV = {
+    "agent": ["--gpu-backend", "sim"],
+    "shim": [],
+    "watch": [],
+    "forget": ["GPU-0"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(LOG_LEVEL_ARGV))
+def test_every_subcommand_takes_log_level_and_its_twin(command: str, capsys, tmp_path: Path):
+    """--log-level (twin CAPWATCH_LOG_LEVEL) is validated by every subcommand: a bad
+    value exits 2 with one line naming it."""
+    argv = [command, *LOG_LEVEL_ARGV[command]]
+    if command in ("agent", "forget"):
+        argv[1:1] = ["--state-dir", str(tmp_path)]
+    assert main([*argv, "--log-level", "loud"], {}) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"capwatch {command}: error: --log-level: must be one of debug, info, warning, "
+        "error, got 'loud'\n"
+    )
+    assert main(argv, {"CAPWATCH_LOG_LEVEL": "chatty"}) == 2
+    assert "--log-level (from $CAPWATCH_LOG_LEVEL): must be one of" in capsys.readouterr().err
+
+
 def test_the_shim_loads_none_of_the_agents_modules():
     """`capwatch shim` imports its own modules only: no agent loop, simulator, Kubernetes
     client, YAML or Prometheus client in the readiness container's memory."""
