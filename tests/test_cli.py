@@ -165,7 +165,8 @@ def test_help_lists_every_command_without_loading_them():
 
 
 def test_invalid_scenario_names_the_bad_key(tmp_path: Path, capsys):
-    """A scenario with a bad key fails start-up with exit 2 and the key's path."""
+    """A scenario with a bad key fails start-up with exit 2, one line with the key's path
+    and where it is in the file."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("node_name: n\nsafe_default_watts: 300\ngpus: []\nbogus: 1\n")
     code = main(
@@ -174,7 +175,8 @@ def test_invalid_scenario_names_the_bad_key(tmp_path: Path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "bogus" in err
+    assert err.startswith("capwatch agent: error: bogus: unknown key 'bogus'")
+    assert err.endswith(f"(in {bad}:4:1)\n")  # file:line:column of the bad key
 
 
 def free_port() -> int:
