@@ -25,6 +25,7 @@ _CONVERSION = re.compile(
 # ``key=`` right before a conversion, at the start of the message or after a space.
 _KEY = re.compile(r"(?:^|(?<=\s))(?P<key>[A-Za-z_][A-Za-z0-9_.]*)=$")
 _RESERVED = frozenset({"time", "level", "logger", "message", "exception"})
+_HANDLER = "capwatch"
 
 
 def split_fields(msg: str, args: Any) -> tuple[str, dict[str, Any]] | None:
@@ -98,8 +99,10 @@ def configure_logging(level: str, fmt: LogFormat, *, stream: TextIO | None = Non
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.set_name(_HANDLER)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    # Replace only the handler an earlier call installed (a test's capture stays).
+    root.handlers[:] = [*(h for h in root.handlers if h.get_name() != _HANDLER), handler]
     root.setLevel(level)
     # The kubernetes client and urllib3 are chatty at INFO.
     for noisy in ("urllib3", "kubernetes"):

@@ -87,11 +87,6 @@ def test_messages_without_fields_stay_as_logging_formats_them(msg: str, args: tu
 def test_text_logs_read_as_written():
     """The text format is unchanged: fields stay inline in the message."""
     stream = io.StringIO()
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    configure_logging("INFO", LogFormat.TEXT, stream=stream)
-    try:
-        logging.getLogger("capwatch.test").info("serving port=%d", 8081)
-    finally:
-        root.handlers[:], root.level = handlers, level
+    configure_logging("INFO", LogFormat.TEXT, stream=stream)  # undone by tests/conftest.py
+    logging.getLogger("capwatch.test").info("serving port=%d", 8081)
     assert stream.getvalue().rstrip().endswith("INFO    capwatch.test: serving port=8081")
