@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import shutil
+import socket
 import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,7 +32,7 @@ from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
 from server.health import ListingHealthServicer, track_readiness
 from server.publication import Publication
-from server.settings import Listener, ServerSettings
+from server.settings import Listener, ServerSettings, host_port
 from server.watching import NodeHealthServicer
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,35 @@ OPTIONS: Sequence[tuple[str, int]] = (
 
 class ServeError(CapwatchError):
     """A listener could not be set up (address in use, bad certificate, ...)."""
+
+
+def address_in_use(address: str) -> str | None:
+    """Why ``host:port`` cannot be bound now (its port in use), or None.
+
+    Asked before grpc binds: grpc core writes its own failure to stderr as a raw
+    log line before it raises, and the command line promises one line. Bound as
+    grpc binds (SO_REUSEADDR, no SO_REUSEPORT), so a port in TIME_WAIT is free
+    here as it is for grpc. Anything else is left for grpc to report.
+    """
+    parsed = host_port(address)
+    if parsed is None or parsed[1] == 0:
+        return None
+    host = parsed[0].removeprefix("[").removesuffix("]") or None
+    try:
+        candidates = socket.getaddrinfo(
+            host, parsed[1], type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError:
+        return None
+    for family, kind, proto, _, sockaddr in candidates:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return "address already in use"
+    return None
 
 
 class AgentServer:
@@ -131,6 +162,10 @@ class AgentServer:
     def _bind(self, listener: Listener) -> str:
         if listener.unix_path is not None:
             return self._bind_unix(listener.unix_path)
+        where = f"--grpc-listen: cannot listen on {listener.address}"
+        busy = address_in_use(listener.address)
+        if busy:
+            raise ServeError(f"{where}: {busy}")
         tls = self._settings.tls
         try:
             if tls is None:
@@ -142,9 +177,15 @@ class AgentServer:
                     listener.address, self._certificates.credentials()
                 )
         except (RuntimeError, OSError, CertificateError) as exc:
-            raise ServeError(f"cannot listen on {listener.address}: {exc}") from exc
+            # grpc's advice to set GRPC_VERBOSITY is for grpc's developers, not ours.
+            reason = str(exc).split("; set GRPC_VERBOSITY", 1)[0]
+            raise ServeError(
+                f"--grpc-listen: cannot listen on {listener.address}: {reason}"
+            ) from exc
         if port == 0:
-            raise ServeError(f"cannot listen on {listener.address} (address in use?)")
+            raise ServeError(
+                f"--grpc-listen: cannot listen on {listener.address} (address in use?)"
+            )
         host = listener.address.rsplit(":", 1)[0]
         return f"{host}:{port}"
 

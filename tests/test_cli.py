@@ -224,6 +224,35 @@ def test_demo_tells_the_whole_story(tmp_path: Path):
     assert "stopped: default power limit restored on" in proc.stdout
 
 
+def test_busy_grpc_port_is_one_line_without_grpcs_own_log(tmp_path: Path):
+    """A gRPC port another process listens on stops the agent (exit 1) with one line that
+    names the flag and says why: no raw grpc core log line, no GRPC_VERBOSITY advice."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [
+                *CAPWATCH,
+                "agent",
+                "--gpu-backend=sim",
+                f"--state-dir={tmp_path}",
+                f"--grpc-listen=127.0.0.1:{port}",
+                "--metrics-port=0",
+                "--log-level=warning",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"capwatch agent: cannot start: --grpc-listen: cannot listen on 127.0.0.1:{port}: "
+        "address already in use\n"
+    )
+
+
 def test_sigterm_restores_caps_persists_and_exits_0(tmp_path: Path):
     """SIGTERM stops the loop, restores owned GPUs, leaves an empty record, exits 0."""
     state = tmp_path / "state"
