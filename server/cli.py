@@ -153,9 +153,9 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         logging_values = read_options(args, environ, _forget_logging())
         configure_logging(logging_values["log_level"], logging_values["log_format"])
         return run_forget(args, environ, sys.stdout)
-    from server.demo import run_demo
+    from server.demo import demo_settings, run_demo
 
-    return run_demo(args)
+    return run_demo(demo_settings(args, environ))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ text, as wide as ``COLUMNS`` says or with every column.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterable, Mapping
 from typing import Protocol, TextIO
@@ -18,7 +19,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from server.tables import Frame, Line, plain
+from server.tables import QUIET, Frame, Line, plain
 
 
 class Screen(Protocol):
@@ -107,6 +108,26 @@ class LiveScreen:
         if self._live is not None:
             self._live.stop()  # the last picture stays on the screen
             self._live = None
+
+
+class NoteStream(io.TextIOBase):
+    """A stream whose lines become notes: where log records go while a block is redrawn
+    (written to the terminal beside it, they would tear it)."""
+
+    def __init__(self, screen: Screen) -> None:
+        self._screen = screen
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            self._screen.note(((line, QUIET),))
+        return len(text)
+
+
+def log_stream(screen: Screen) -> TextIO | None:
+    """Where log records should go while ``screen`` is in use; None: stderr, as usual."""
+    return NoteStream(screen) if isinstance(screen, LiveScreen) else None  # type: ignore[return-value]
 
 
 def _text(line: Line) -> Text:

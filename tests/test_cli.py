@@ -91,6 +91,7 @@ def test_version_prints_the_installed_packages_version(capsys):
 
 LOG_LEVEL_ARGV = {
     "agent": ["--gpu-backend", "sim"],
+    "demo": [],
     "shim": [],
     "watch": [],
     "forget": ["GPU-0"],
@@ -180,51 +181,6 @@ def test_invalid_scenario_names_the_bad_key(tmp_path: Path, capsys):
     assert err.count("\n") == 1
     assert err.startswith("capwatch agent: error: bogus: unknown key 'bogus'")
     assert err.endswith(f"(in {bad}:4:1)\n")  # file:line:column of the bad key
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_demo_tells_the_whole_story(tmp_path: Path):
-    """The demo prints a table per cycle and /readyz going 503 -> 200 -> 503 -> 200
-    as the built-in scenario's write fault comes and goes, then restores caps."""
-    proc = subprocess.run(
-        [
-            *CAPWATCH,
-            "demo",
-            "--cycles",
-            "9",
-            "--interval",
-            "0.3",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--readyz-port",
-            str(free_port()),
-            "--metrics-port",
-            str(free_port()),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "cycle 9" in proc.stdout
-    assert "OUTCOME" in proc.stdout
-    assert "capwatch watch --target 127.0.0.1:" in proc.stdout
-    assert "/metrics" in proc.stdout
-    answers = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith(">>>")]
-    assert answers == [
-        ">>> /readyz 503",
-        ">>> /readyz 200",
-        ">>> /readyz 503",
-        ">>> /readyz 200",
-    ], proc.stdout
-    assert "cycle-failed: gpu0:write_failed" in proc.stdout
-    assert "stopped: default power limit restored on" in proc.stdout
 
 
 def test_busy_grpc_port_is_one_line_without_grpcs_own_log(tmp_path: Path):
