@@ -145,14 +145,14 @@ _OPTIONS = (
         env="CAPWATCH_READYZ_PORT",
         default=str(DEFAULT_READYZ_PORT),
         convert=_port("a free one"),
-        help="port of the shim's /readyz on 127.0.0.1",
+        help="port of the shim's /readyz on 127.0.0.1 (0 picks a free one)",
     ),
     Option(
         flag="--metrics-port",
         env="CAPWATCH_METRICS_PORT",
         default=str(DEFAULT_METRICS_PORT),
         convert=_port("metrics off"),
-        help="port of the metrics on 127.0.0.1",
+        help="port of the metrics on 127.0.0.1 (0 turns them off)",
     ),
     log_level_option("error"),  # the tables say what the warnings would
     LOG_FORMAT_OPTION,
@@ -258,7 +258,7 @@ class _Demo:
         self._server: AgentServer | None = None
         self._board = GpuBoard()
         self._block: tuple[Line, ...] = ()
-        self._answer: Line | None = None
+        self._answer: tuple[Line, ...] = ()  # the shim's latest answer, under the table
         self._shim: asyncio.subprocess.Process | None = None
         self._shim_log: asyncio.Task[None] | None = None
         self._shim_serving = asyncio.Event()
@@ -413,19 +413,18 @@ class _Demo:
     def _report(self, answer: str) -> None:
         status, _, body = answer.partition(" ")
         style = GOOD if status == "200" else FAILED
-        self._answer = ((">>> /readyz ", ""), (f"{status}: ", style), (body, ""))
+        text = f">>> /readyz {status}: {body}"
+        self._answer = tuple(wrapped(text, self._screen.width, first="", then="    ", style=style))
         # Note changes of status or reason only: the age in the body moves every poll.
         summary = status if status == "200" else f"{status} {body.split(';')[0]}"
         if summary != self._last_answer:
             self._last_answer = summary
-            text = f">>> /readyz {status}: {body}"
-            for line in wrapped(text, self._screen.width, first="", then="    ", style=style):
-                self._screen.note(line)
+            self._screen.note(((text, style),))
         if self._block:
             self._screen.show(Frame(block=self._with_answer()))
 
     def _with_answer(self) -> tuple[Line, ...]:
-        return self._block if self._answer is None else (*self._block, self._answer)
+        return (*self._block, *self._answer)
 
     async def _probe(self) -> str | None:
         """``"<status> <body>"`` from the shim, or None if it does not answer yet."""

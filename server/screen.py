@@ -101,8 +101,9 @@ class LiveScreen:
         self._live.update(Group(*(_text(line) for line in frame.block)), refresh=True)
 
     def note(self, line: Line) -> None:
-        # While live, rich prints above the block and redraws the block below it.
-        self._console.print(_text(line))
+        # While live, rich prints above the block and redraws the block below it. A note
+        # is history: wrapped whole, never cut.
+        self._console.print(_text(line, wrap=True))
 
     def close(self) -> None:
         if self._live is not None:
@@ -130,8 +131,8 @@ def log_stream(screen: Screen) -> TextIO | None:
     return NoteStream(screen) if isinstance(screen, LiveScreen) else None  # type: ignore[return-value]
 
 
-def _text(line: Line) -> Text:
-    text = Text.assemble(*line, no_wrap=True, overflow="ellipsis")
+def _text(line: Line, *, wrap: bool = False) -> Text:
+    text = Text.assemble(*line, no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
     text.rstrip()  # the last column's padding
     return text
 
