@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -142,7 +143,7 @@ async def run_shim(client: NodeHealthClient, settings: ShimSettings) -> int:
         # Like the agent's ports: exit 1 ("cannot start"), not a configuration error.
         raise ShimError(
             f"--readyz-port: cannot serve /readyz on "
-            f"{settings.readyz_address}:{settings.readyz_port}: {exc.strerror or exc}"
+            f"{settings.readyz_address}:{settings.readyz_port}: {_reason(exc)}"
         ) from exc
     log.info(
         "serving /readyz address=%s port=%d target=%s",
@@ -162,6 +163,11 @@ async def run_shim(client: NodeHealthClient, settings: ShimSettings) -> int:
     await shim.http.stop()
     await client.close()
     return EXIT_FAILED if died else EXIT_OK
+
+
+def _reason(exc: OSError) -> str:
+    # asyncio's bind error embeds the address as a Python tuple; the errno says it plainly.
+    return os.strerror(exc.errno).lower() if exc.errno else str(exc)
 
 
 def main_shim(namespace: argparse.Namespace, environ: Mapping[str, str]) -> int:
