@@ -30,7 +30,7 @@ from typing import TextIO
 
 from agent.errors import CapwatchError, OwnershipError
 from agent.flags import add_options, read_options
-from agent.ownership import OwnershipRecord, OwnershipStore, read_records
+from agent.ownership import FILE_NAME, OwnershipRecord, OwnershipStore, read_records
 from agent.settings import STATE_DIR_OPTION
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,11 @@ def run_forget(namespace: argparse.Namespace, environ: Mapping[str, str], out: T
     state_dir: Path = read_options(namespace, environ, (STATE_DIR_OPTION,))["state_dir"]
     uuids: list[str] = list(dict.fromkeys(namespace.uuids))
     try:
+        if not (state_dir / FILE_NAME).exists():
+            raise ForgetError(
+                f"no ownership record in {state_dir}: no agent has capped a GPU from this "
+                "state directory (is it the agent's --state-dir?); nothing to forget"
+            )
         records = read_records(state_dir)
         for uuid in uuids:  # check them all before writing any
             _check(uuid, records)

@@ -21,15 +21,17 @@ from enum import Enum
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import yaml
 
+from agent import yamlsource
 from agent.attribution import canonical_pod_uid
 from agent.errors import ScenarioError
 from agent.gpus import GpuErrorClass
 from agent.pods import PodInfo, PodRef
 from agent.proctree import CgroupLayout, QosClass
+from agent.yamlsource import Position, join
 
 _E = TypeVar("_E", bound=Enum)
 _T = TypeVar("_T")
@@ -190,30 +192,13 @@ def parse_scenario(data: object, *, source: str) -> Scenario:
     return _Parser(source).scenario(data)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last silently)."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
-    for key_node, _ in node.value:
-        if isinstance(key_node, yaml.ScalarNode) and keys.count(key_node.value) > 1:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"found duplicate key {key_node.value!r}", key_node.start_mark
-            )
-    return loader.construct_mapping(node, deep=True)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def _parse_text(text: str, *, source: str) -> Scenario:
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data, positions = yamlsource.load(text)
     except yaml.YAMLError as exc:
-        raise ScenarioError("scenario", f"not valid YAML in {source}: {exc}") from exc
-    return parse_scenario(data, source=source)
+        where = yamlsource.describe(exc, source)
+        raise ScenarioError("scenario", f"not valid YAML at {where}") from exc
+    return _Parser(source, positions).scenario(data)
 
 
 # --- validation ------------------------------------------------------------------------
@@ -228,18 +213,17 @@ def _describe(value: object) -> str:
     return next((v for k, v in kinds.items() if isinstance(value, k)), type(value).__name__)
 
 
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
 class _Parser:
     """Walks a decoded document, raising ScenarioError at the first bad key."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, positions: Mapping[str, Position] | None = None) -> None:
         self.source = source
+        self.positions = positions or {}
 
     def fail(self, option: str, reason: str) -> NoReturn:
-        raise ScenarioError(option or "scenario", f"{reason} (in {self.source})")
+        at = yamlsource.position_of(option, self.positions) if self.positions else None
+        where = f"{self.source}:{at}" if at is not None else self.source
+        raise ScenarioError(option or "scenario", f"{reason} (in {where})")
 
     def mapping(
         self, value: object, path: str, required: tuple[str, ...], optional: tuple[str, ...]
@@ -252,17 +236,17 @@ class _Parser:
                 hint = difflib.get_close_matches(str(key), allowed, n=1)
                 guess = f"; did you mean {hint[0]!r}?" if hint else ""
                 self.fail(
-                    _join(path, str(key)),
+                    join(path, str(key)),
                     f"unknown key {key!r}{guess} (allowed: {', '.join(allowed)})",
                 )
         for key in required:
             if key not in value:
-                self.fail(_join(path, key), "required key is missing")
+                self.fail(join(path, key), "required key is missing")
         return value
 
     def opt(self, raw: dict[str, object], key: str, path: str, read: _Read[_T], default: _T) -> _T:
         """``read`` the optional ``key`` of ``raw``, or ``default`` when it is absent."""
-        return read(raw[key], _join(path, key)) if key in raw else default
+        return read(raw[key], join(path, key)) if key in raw else default
 
     def sequence(self, value: object, path: str) -> list[object]:
         if not isinstance(value, list):

@@ -139,6 +139,25 @@ def _log_level(flag: str, text: str) -> str:
     return level
 
 
+def log_level_option(default: str) -> Option:
+    """``--log-level``, on every subcommand: the same twin, each its own default."""
+    return Option(
+        flag="--log-level",
+        env="CAPWATCH_LOG_LEVEL",
+        default=default,
+        convert=_log_level,
+        help="debug, info, warning or error",
+    )
+
+
+LOG_FORMAT_OPTION = Option(
+    flag="--log-format",
+    env="CAPWATCH_LOG_FORMAT",
+    default="text",
+    convert=enum_choice(LogFormat),
+    help="text or json",
+)
+
 # Shared with `capwatch forget`, which writes into the agent's state directory.
 STATE_DIR_OPTION = Option(
     flag="--state-dir",
@@ -245,20 +264,8 @@ _OPTIONS = (
         convert=positive_float,
         help="seconds to wait for an in-flight cycle at shutdown before restoring caps anyway",
     ),
-    Option(
-        flag="--log-level",
-        env="CAPWATCH_LOG_LEVEL",
-        default="info",
-        convert=_log_level,
-        help="debug, info, warning or error",
-    ),
-    Option(
-        flag="--log-format",
-        env="CAPWATCH_LOG_FORMAT",
-        default="text",
-        convert=enum_choice(LogFormat),
-        help="text or json",
-    ),
+    log_level_option("info"),
+    LOG_FORMAT_OPTION,
 )
 
 

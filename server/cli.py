@@ -13,9 +13,12 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from agent.errors import CapwatchError, ConfigError
+
+if TYPE_CHECKING:
+    from agent.flags import Option
 
 log = logging.getLogger("capwatch")
 
@@ -41,9 +44,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+class _Version(argparse.Action):
+    """``--version``: reads the installed package's metadata only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, help=kwargs.get("help"))
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("capwatch")
+        except metadata.PackageNotFoundError:  # run from a source tree without installing
+            version = "(version unknown: not installed)"
+        print(f"capwatch {version}")
+        parser.exit(EXIT_OK)
+
+
 def _parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line; with ``only``, the options of that subcommand alone ("": none)."""
     parser = _Parser(prog="capwatch", description="GPU power-cap agent for Kubernetes nodes.")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, summary in COMMANDS.items():
         command = commands.add_parser(name, help=summary)
@@ -72,9 +93,17 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
 
         add_shim_arguments(parser)
     else:
+        from agent.flags import add_options
         from agent.forgetting import add_forget_arguments
 
         add_forget_arguments(parser)
+        add_options(parser, _forget_logging())
+
+
+def _forget_logging() -> tuple[Option, ...]:
+    from agent.settings import LOG_FORMAT_OPTION, log_level_option
+
+    return (log_level_option("warning"), LOG_FORMAT_OPTION)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -110,16 +139,23 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
         return main_shim(args, environ)
     if args.command == "watch":
+        from server.logs import configure_logging
         from server.watch import run_watch, watch_settings
 
-        return run_watch(watch_settings(args, environ))
+        watching = watch_settings(args, environ)
+        configure_logging(watching.log_level, watching.log_format)
+        return run_watch(watching)
     if args.command == "forget":
+        from agent.flags import read_options
         from agent.forgetting import run_forget
+        from server.logs import configure_logging
 
+        logging_values = read_options(args, environ, _forget_logging())
+        configure_logging(logging_values["log_level"], logging_values["log_format"])
         return run_forget(args, environ, sys.stdout)
-    from server.demo import run_demo
+    from server.demo import demo_settings, run_demo
 
-    return run_demo(args)
+    return run_demo(demo_settings(args, environ))
 
 
 if __name__ == "__main__":

@@ -37,10 +37,12 @@ async def run_agent(
     on_serving: Callable[[AgentServer], Awaitable[None]] | None = None,
     on_stopped: Callable[[ShutdownSummary], None] | None = None,
     max_cycles: int | None = None,
+    stop: asyncio.Event | None = None,
 ) -> int:
-    """Run until stopped; returns the process exit code. Raises CapwatchError at start-up."""
+    """Run until stopped (SIGTERM, SIGINT, ``stop``); returns the process exit code.
+    Raises CapwatchError at start-up."""
     agent = build_agent(settings, on_report=on_report)
-    stop = asyncio.Event()
+    stop = stop or asyncio.Event()
     publication = Publication(
         hub=agent.hub,
         clock=agent.hub.clock,

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import shutil
+import socket
 import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from agent.errors import CapwatchError
@@ -29,9 +30,9 @@ from server.gen.v1 import dra_health_pb2 as v1_pb
 from server.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
-from server.health import track_readiness
+from server.health import ListingHealthServicer, track_readiness
 from server.publication import Publication
-from server.settings import Listener, ServerSettings
+from server.settings import Listener, ServerSettings, host_port
 from server.watching import NodeHealthServicer
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,35 @@ class ServeError(CapwatchError):
     """A listener could not be set up (address in use, bad certificate, ...)."""
 
 
+def address_in_use(address: str) -> str | None:
+    """Why ``host:port`` cannot be bound now (its port in use), or None.
+
+    Asked before grpc binds: grpc core writes its own failure to stderr as a raw
+    log line before it raises, and the command line promises one line. Bound as
+    grpc binds (SO_REUSEADDR, no SO_REUSEPORT), so a port in TIME_WAIT is free
+    here as it is for grpc. Anything else is left for grpc to report.
+    """
+    parsed = host_port(address)
+    if parsed is None or parsed[1] == 0:
+        return None
+    host = parsed[0].removeprefix("[").removesuffix("]") or None
+    try:
+        candidates = socket.getaddrinfo(
+            host, parsed[1], type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError:
+        return None
+    for family, kind, proto, _, sockaddr in candidates:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return "address already in use"
+    return None
+
+
 class AgentServer:
     def __init__(
         self,
@@ -80,7 +110,7 @@ class AgentServer:
         self._settings = settings
         self._pub = publication
         self._server = grpc.aio.server(options=OPTIONS)
-        self._health = HealthServicer()
+        self._health = ListingHealthServicer()
         self._tracker: asyncio.Task[None] | None = None
         self._sockets: list[Path] = []
         self._certificates: ReloadingCertificates | None = None
@@ -132,6 +162,10 @@ class AgentServer:
     def _bind(self, listener: Listener) -> str:
         if listener.unix_path is not None:
             return self._bind_unix(listener.unix_path)
+        where = f"--grpc-listen: cannot listen on {listener.address}"
+        busy = address_in_use(listener.address)
+        if busy:
+            raise ServeError(f"{where}: {busy}")
         tls = self._settings.tls
         try:
             if tls is None:
@@ -143,9 +177,15 @@ class AgentServer:
                     listener.address, self._certificates.credentials()
                 )
         except (RuntimeError, OSError, CertificateError) as exc:
-            raise ServeError(f"cannot listen on {listener.address}: {exc}") from exc
+            # grpc's advice to set GRPC_VERBOSITY is for grpc's developers, not ours.
+            reason = str(exc).split("; set GRPC_VERBOSITY", 1)[0]
+            raise ServeError(
+                f"--grpc-listen: cannot listen on {listener.address}: {reason}"
+            ) from exc
         if port == 0:
-            raise ServeError(f"cannot listen on {listener.address} (address in use?)")
+            raise ServeError(
+                f"--grpc-listen: cannot listen on {listener.address} (address in use?)"
+            )
         host = listener.address.rsplit(":", 1)[0]
         return f"{host}:{port}"
 

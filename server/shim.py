@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from agent.clock import Clock, SystemClock
 from agent.errors import CapwatchError
 from agent.flags import Option, add_options, enum_choice, read_options
-from agent.settings import LogFormat
+from agent.settings import LogFormat, log_level_option
 from server.client import NodeHealthClient
 from server.events import Cycle, Disconnected, Heartbeat, Snapshot
 from server.logs import configure_logging
@@ -68,6 +69,7 @@ _OPTIONS = (
         convert=enum_choice(LogFormat),
         help="text or json",
     ),
+    log_level_option("info"),
 )
 
 
@@ -76,6 +78,7 @@ class ShimSettings:
     readyz_address: str
     readyz_port: int
     log_format: LogFormat = LogFormat.TEXT
+    log_level: str = "INFO"
 
 
 def add_shim_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +91,7 @@ def shim_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -> 
         readyz_address=values["readyz_address"],
         readyz_port=values["readyz_port"],
         log_format=values["log_format"],
+        log_level=values["log_level"],
     )
 
 
@@ -142,7 +146,7 @@ async def run_shim(client: NodeHealthClient, settings: ShimSettings) -> int:
         # Like the agent's ports: exit 1 ("cannot start"), not a configuration error.
         raise ShimError(
             f"--readyz-port: cannot serve /readyz on "
-            f"{settings.readyz_address}:{settings.readyz_port}: {exc.strerror or exc}"
+            f"{settings.readyz_address}:{settings.readyz_port}: {_reason(exc)}"
         ) from exc
     log.info(
         "serving /readyz address=%s port=%d target=%s",
@@ -164,6 +168,11 @@ async def run_shim(client: NodeHealthClient, settings: ShimSettings) -> int:
     return EXIT_FAILED if died else EXIT_OK
 
 
+def _reason(exc: OSError) -> str:
+    # asyncio's bind error embeds the address as a Python tuple; the errno says it plainly.
+    return os.strerror(exc.errno).lower() if exc.errno else str(exc)
+
+
 def main_shim(namespace: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``capwatch shim``: validate everything, then serve until SIGTERM."""
     # The connection (target, TLS) is parsed and validated exactly as for
@@ -171,5 +180,5 @@ def main_shim(namespace: argparse.Namespace, environ: Mapping[str, str]) -> int:
     connection_env = {k: v for k, v in environ.items() if not k.startswith("CAPWATCH_WATCH_")}
     client = client_for(watch_settings(namespace, connection_env))
     settings = shim_settings(namespace, environ)
-    configure_logging("INFO", settings.log_format)
+    configure_logging(settings.log_level, settings.log_format)
     return asyncio.run(run_shim(client, settings))

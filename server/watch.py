@@ -1,11 +1,14 @@
 """``capwatch watch``: follow a node agent's stream from a terminal or a script.
 
-By default a per-GPU table per cycle, a line per heartbeat and a line per
-disconnect, reconnect or resync; ``--json`` prints each message as one JSON
-object per line instead (status lines then go to stderr); ``--dra v1`` follows
-the kubelet's view (``NodeWatchResources``). It reconnects for ever, resuming
-where it left off, until ``--count`` messages, Ctrl-C or SIGTERM (exit 0).
-An agent that rejects the request (bad argument, service not served) exits 1.
+By default the per-GPU table (redrawn in place on a terminal, only what
+changed elsewhere: see server/printer.py) and a line per disconnect,
+reconnect or resync; ``--json`` prints each message as one JSON object per
+line instead (status lines then go to stderr); ``--dra v1`` follows the
+kubelet's view (``NodeWatchResources``). Once connected it reconnects for
+ever, resuming where it left off, until ``--count`` messages, Ctrl-C or
+SIGTERM (exit 0). An agent never reached (unless ``--retry``) or one that
+rejects the request (bad argument, service not served) exits 1; a ``--gpu``
+the agent does not have exits 2.
 """
 
 from __future__ import annotations
@@ -24,23 +27,20 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
-from google.protobuf.json_format import MessageToJson
 
 from agent.errors import ConfigError
 from agent.flags import Option, add_options, enum_choice, optional_path, read_options
+from agent.settings import LOG_FORMAT_OPTION, LogFormat, log_level_option
 from server.client import (
     Cycle,
-    DeviceList,
     Disconnected,
     DraVersion,
-    Heartbeat,
     NodeHealthClient,
     Snapshot,
 )
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
 from server.settings import DEFAULT_SOCKET, host_port
-from server.tables import render_cycle, render_devices, render_heartbeat, render_snapshot
 
 EXIT_OK, EXIT_FAILED = 0, 1
 DEFAULT_TARGET = f"unix://{DEFAULT_SOCKET}"
@@ -58,12 +58,15 @@ class WatchSettings:
     tls_key: Path | None
     tls_server_name: str | None
     json: bool
+    retry: bool  # keep trying an agent never reached (else exit 1 at the first failure)
     dra: DraVersion | None  # None: capwatch.v1 Watch
     since: int
     heartbeat_s: float | None  # None: the agent's cycle interval
     count: int | None  # stop after this many messages; None: never
     indexes: tuple[int, ...]
     uuids: tuple[str, ...]
+    log_level: str = "WARNING"  # the client's own log (reconnects: INFO)
+    log_format: LogFormat = LogFormat.TEXT
 
     @property
     def tls(self) -> bool:
@@ -141,6 +144,15 @@ _JSON = Option(
     convert=_switch,
     help="print each message as one JSON object per line",
 )
+_RETRY = Option(
+    flag="--retry",
+    env="CAPWATCH_WATCH_RETRY",
+    default="false",
+    convert=_switch,
+    help="keep trying an agent that cannot be reached at first (default: exit 1 saying why)",
+)
+# Switches take no value on the command line; their twins are true/false.
+_SWITCHES = (_JSON, _RETRY)
 # The agent to connect to, and how: shared with ``capwatch shim``.
 CONNECTION_OPTIONS = (
     Option(
@@ -218,24 +230,26 @@ _OPTIONS = (
         repeatable=True,
         help="show only this GPU (index or UUID), repeatable",
     ),
+    log_level_option("warning"),
+    LOG_FORMAT_OPTION,
 )
 
 
 def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser, _OPTIONS)
-    # A switch takes no value on the command line; its twin is true/false.
-    parser.add_argument(
-        _JSON.flag,
-        dest=_JSON.dest,
-        action="store_const",
-        const="true",
-        default=None,
-        help=f"{_JSON.help} [env {_JSON.env}; default {_JSON.default}]",
-    )
+    for switch in _SWITCHES:
+        parser.add_argument(
+            switch.flag,
+            dest=switch.dest,
+            action="store_const",
+            const="true",
+            default=None,
+            help=f"{switch.help} [env {switch.env}; default {switch.default}]",
+        )
 
 
 def watch_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -> WatchSettings:
-    values = read_options(namespace, environ, (*_OPTIONS, _JSON))
+    values = read_options(namespace, environ, (*_OPTIONS, *_SWITCHES))
     gpus: tuple[int | str, ...] = values["gpu"]
     settings = WatchSettings(
         target=values["target"],
@@ -244,12 +258,15 @@ def watch_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         tls_key=values["tls_key"],
         tls_server_name=values["tls_server_name"],
         json=values["json"],
+        retry=values["retry"],
         dra=values["dra"],
         since=values["since"],
         heartbeat_s=values["heartbeat"],
         count=values["count"],
         indexes=tuple(g for g in gpus if isinstance(g, int)),
         uuids=tuple(g for g in gpus if isinstance(g, str)),
+        log_level=values["log_level"],
+        log_format=values["log_format"],
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise ConfigError("--tls-cert", "--tls-cert and --tls-key go together")
@@ -330,9 +347,15 @@ async def watch(
     stop: asyncio.Event | None = None,
 ) -> int:
     """Print the stream until ``--count`` messages, ``stop``, or SIGINT/SIGTERM."""
+    # Here, not at the top: `capwatch shim` imports this module for its connection
+    # options, and must not load the terminal library the printer draws with.
+    from server.printer import Printer  # noqa: PLC0415
+
     stop = stop or asyncio.Event()
     client = client_for(settings)
-    printer = _Printer(settings, out=out, err=err)
+    printer = Printer(
+        target=settings.target, json=settings.json, since=settings.since, out=out, err=err
+    )
     async with client, _stopping_on_signals(stop):
         closer = asyncio.create_task(_close_when(stop, client))
         events: AsyncGenerator[Any, None] = (
@@ -341,23 +364,58 @@ async def watch(
             else client.events(since=settings.since)
         )
         seen = 0
+        reached = False
+        unchecked = bool(settings.indexes or settings.uuids)
         try:
             async with contextlib.aclosing(events) as stream:
                 async for event in stream:
                     if isinstance(event, Disconnected):
-                        printer.disconnected(event)
                         if event.code in FATAL_CODES:
+                            printer.refused(event)
                             return EXIT_FAILED
+                        if not reached and not settings.retry:
+                            printer.unreachable(event)
+                            return EXIT_FAILED
+                        printer.disconnected(event)
                         continue
+                    reached = True
+                    if unchecked:
+                        unchecked = not _check_gpus(settings, event)
                     printer.message(event)
                     seen += 1
                     if settings.count is not None and seen >= settings.count:
                         break
         finally:
+            printer.close()
             closer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await closer
     return EXIT_OK
+
+
+def _check_gpus(settings: WatchSettings, event: object) -> bool:
+    """Whether ``event`` shows which GPUs the agent has (a snapshot, or a cycle that
+    reached every GPU); if so, every ``--gpu`` must be one of them (else ConfigError:
+    the agent's filter would show an empty table for a typo, for ever)."""
+    if isinstance(event, Snapshot):
+        devices = event.snapshot.devices
+    elif isinstance(event, Cycle) and _reached_every_gpu(event.cycle):
+        devices = event.cycle.devices  # resumed with --since: cycles come first
+    else:
+        return False
+    indexes = {device.index for device in devices}
+    uuids = {device.uuid.lower() for device in devices}
+    unknown = [str(i) for i in settings.indexes if i not in indexes]
+    unknown += [u for u in settings.uuids if u.lower() not in uuids]
+    if unknown:
+        raise ConfigError("--gpu", f"{settings.target} has no GPU {', '.join(unknown)}")
+    return True
+
+
+def _reached_every_gpu(cycle: pb.CycleReport) -> bool:
+    # An aborted cycle reached none; one cut short by a shutdown maybe not all.
+    aborted = cycle.abort_reason not in (pb.ABORT_REASON_UNSPECIFIED, pb.ABORT_REASON_NONE)
+    return not aborted and not cycle.interrupted
 
 
 async def _close_when(stop: asyncio.Event, client: NodeHealthClient) -> None:
@@ -380,63 +438,3 @@ async def _stopping_on_signals(stop: asyncio.Event) -> AsyncIterator[None]:
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
-
-
-class _Printer:
-    """Tables and status lines, or JSON lines; every write is flushed at once."""
-
-    def __init__(self, settings: WatchSettings, *, out: TextIO, err: TextIO) -> None:
-        self._settings = settings
-        self._out = out
-        self._err = err
-        self._status = err if settings.json else out  # keep JSON output pure
-        self._lost = False
-
-    def message(self, event: Snapshot | Cycle | Heartbeat | DeviceList) -> None:
-        if self._lost:
-            self._lost = False
-            self._line(self._status, f"reconnected to {self._settings.target}")
-        if isinstance(event, Snapshot) and event.resync:
-            why = (
-                "the agent restarted"
-                if event.restarted
-                else "the cycles missed are no longer buffered"
-            )
-            self._line(self._status, f"resync: {why}; showing its current state")
-        if self._settings.json:
-            self._line(self._out, MessageToJson(_message(event), indent=None))
-        elif isinstance(event, Snapshot):
-            self._line(self._out, render_snapshot(event.snapshot) + "\n")
-        elif isinstance(event, Cycle):
-            self._line(self._out, render_cycle(event.cycle) + "\n")
-        elif isinstance(event, Heartbeat):
-            self._line(self._out, render_heartbeat(event.heartbeat))
-        else:
-            text = render_devices(event.response, version=event.version.value)
-            self._line(self._out, text + "\n")
-
-    def disconnected(self, event: Disconnected) -> None:
-        self._lost = True
-        if event.code in FATAL_CODES:
-            self._line(self._err, f"capwatch watch: {self._settings.target}: {event.error}")
-            return
-        self._line(
-            self._status,
-            f"disconnected from {self._settings.target}: {event.error}; "
-            f"retrying in {event.retry_in:.2f}s",
-        )
-
-    @staticmethod
-    def _line(stream: TextIO, text: str) -> None:
-        stream.write(text + "\n")
-        stream.flush()
-
-
-def _message(event: Snapshot | Cycle | Heartbeat | DeviceList) -> Any:
-    if isinstance(event, Snapshot):
-        return pb.WatchResponse(snapshot=event.snapshot)
-    if isinstance(event, Cycle):
-        return pb.WatchResponse(cycle=event.cycle)
-    if isinstance(event, Heartbeat):
-        return pb.WatchResponse(heartbeat=event.heartbeat)
-    return event.response

@@ -35,6 +35,7 @@ def importers_of(top: str) -> set[str]:
     [
         ("pynvml", {"agent/nvml.py"}),
         ("kubernetes", {"agent/kubernetes.py"}),
+        ("rich", {"server/screen.py"}),
     ],
 )
 def test_external_system_imported_in_one_module_only(module: str, allowed: set[str]):

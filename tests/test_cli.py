@@ -98,6 +98,44 @@ def test_unknown_flag_is_one_line_too(capsys):
     assert "unrecognized arguments: --intervall" in err
 
 
+def test_version_prints_the_installed_packages_version(capsys):
+    """`capwatch --version` prints the version pyproject.toml gives the package, exit 0."""
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    version = next(
+        line.split('"')[1] for line in pyproject.splitlines() if line.startswith("version = ")
+    )
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"], {})
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"capwatch {version}\n"
+
+
+LOG_LEVEL_ARGV = {
+    "agent": ["--gpu-backend", "sim"],
+    "demo": [],
+    "shim": [],
+    "watch": [],
+    "forget": ["GPU-0"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(LOG_LEVEL_ARGV))
+def test_every_subcommand_takes_log_level_and_its_twin(command: str, capsys, tmp_path: Path):
+    """--log-level (twin CAPWATCH_LOG_LEVEL) is validated by every subcommand: a bad
+    value exits 2 with one line naming it."""
+    argv = [command, *LOG_LEVEL_ARGV[command]]
+    if command in ("agent", "forget"):
+        argv[1:1] = ["--state-dir", str(tmp_path)]
+    assert main([*argv, "--log-level", "loud"], {}) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"capwatch {command}: error: --log-level: must be one of debug, info, warning, "
+        "error, got 'loud'\n"
+    )
+    assert main(argv, {"CAPWATCH_LOG_LEVEL": "chatty"}) == 2
+    assert "--log-level (from $CAPWATCH_LOG_LEVEL): must be one of" in capsys.readouterr().err
+
+
 def test_the_shim_loads_none_of_the_agents_modules():
     """`capwatch shim` imports its own modules only: no agent loop, simulator, Kubernetes
     client, YAML or Prometheus client in the readiness container's memory."""
@@ -123,6 +161,9 @@ def test_the_shim_loads_none_of_the_agents_modules():
         "kubernetes",
         "yaml",
         "prometheus_client",
+        "rich",
+        "server.screen",
+        "server.printer",
     }
     assert loaded & heavy == set()
 
@@ -149,7 +190,8 @@ def test_help_lists_every_command_without_loading_them():
 
 
 def test_invalid_scenario_names_the_bad_key(tmp_path: Path, capsys):
-    """A scenario with a bad key fails start-up with exit 2 and the key's path."""
+    """A scenario with a bad key fails start-up with exit 2, one line with the key's path
+    and where it is in the file."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("node_name: n\nsafe_default_watts: 300\ngpus: []\nbogus: 1\n")
     code = main(
@@ -158,52 +200,37 @@ def test_invalid_scenario_names_the_bad_key(tmp_path: Path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "bogus" in err
+    assert err.startswith("capwatch agent: error: bogus: unknown key 'bogus'")
+    assert err.endswith(f"(in {bad}:4:1)\n")  # file:line:column of the bad key
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_demo_tells_the_whole_story(tmp_path: Path):
-    """The demo prints a table per cycle and /readyz going 503 -> 200 -> 503 -> 200
-    as the built-in scenario's write fault comes and goes, then restores caps."""
-    proc = subprocess.run(
-        [
-            *CAPWATCH,
-            "demo",
-            "--cycles",
-            "9",
-            "--interval",
-            "0.3",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--readyz-port",
-            str(free_port()),
-            "--metrics-port",
-            str(free_port()),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+def test_busy_grpc_port_is_one_line_without_grpcs_own_log(tmp_path: Path):
+    """A gRPC port another process listens on stops the agent (exit 1) with one line that
+    names the flag and says why: no raw grpc core log line, no GRPC_VERBOSITY advice."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [
+                *CAPWATCH,
+                "agent",
+                "--gpu-backend=sim",
+                f"--state-dir={tmp_path}",
+                f"--grpc-listen=127.0.0.1:{port}",
+                "--metrics-port=0",
+                "--log-level=warning",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"capwatch agent: cannot start: --grpc-listen: cannot listen on 127.0.0.1:{port}: "
+        "address already in use\n"
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "cycle 9" in proc.stdout
-    assert "OUTCOME" in proc.stdout
-    assert "capwatch watch --target 127.0.0.1:" in proc.stdout
-    assert "/metrics" in proc.stdout
-    answers = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith(">>>")]
-    assert answers == [
-        ">>> /readyz 503",
-        ">>> /readyz 200",
-        ">>> /readyz 503",
-        ">>> /readyz 200",
-    ], proc.stdout
-    assert "cycle-failed: gpu0:write_failed" in proc.stdout
-    assert "stopped: default power limit restored on" in proc.stdout
 
 
 def test_sigterm_restores_caps_persists_and_exits_0(tmp_path: Path):

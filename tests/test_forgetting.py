@@ -17,7 +17,7 @@ import pytest
 from agent.attribution import Attributor, FsProcRoot
 from agent.clock import FakeClock
 from agent.forgetting import DIRECTORY, ForgetRequests
-from agent.ownership import FILE_NAME, OwnershipStore
+from agent.ownership import FILE_NAME, FORMAT_VERSION, OwnershipStore
 from agent.reconciling import Policy, Reconciler
 from agent.reports import Reason
 from agent.scenario import FaultOp, FaultSpec
@@ -130,10 +130,27 @@ def test_bad_requests_are_refused_whole(
     assert node.requests() == []
 
 
-def test_forget_with_no_record_says_nothing_is_capped(
+@pytest.mark.parametrize("where", ["empty", "missing"])
+def test_forget_where_there_is_no_record_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """A state directory with no ownership record (not the agent's, or one where no agent
+    ever capped a GPU) is named as such, exit 1, and no request is left behind."""
+    state = tmp_path if where == "empty" else tmp_path / "nowhere"
+    assert main(["forget", "--state-dir", str(state), UUIDS[0]], environ={}) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"capwatch forget: no ownership record in {state}: no agent has capped a GPU from "
+        "this state directory (is it the agent's --state-dir?); nothing to forget\n"
+    )
+    assert not (state / DIRECTORY).exists()
+
+
+def test_forget_with_an_empty_record_names_no_capped_gpu(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """On a node where the agent never capped anything there is nothing to forget."""
+    """An agent that released everything leaves an empty record: nothing to forget."""
+    (tmp_path / FILE_NAME).write_text(json.dumps({"version": FORMAT_VERSION, "gpus": {}}))
     assert main(["forget", "--state-dir", str(tmp_path), UUIDS[0]], environ={}) == 1
     assert "capped GPUs: none" in capsys.readouterr().err
 

@@ -333,26 +333,73 @@ def test_non_utf8_file_is_a_scenario_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "fragment"),
+    ("text", "where", "fragment"),
     [
-        ("node_name: [unclosed\n", "not valid YAML"),
-        ("gpus: []\n\tnode_name: x\n", "not valid YAML"),
-        ("node_name: a\nnode_name: b\n", "found duplicate key 'node_name'"),
-        ("gpus:\n  - {uuid: a, uuid: b}\n", "found duplicate key 'uuid'"),
+        ("node_name: [unclosed\n", "2:1", "expected ',' or ']', but got '<stream end>'"),
+        ("gpus: []\n\tnode_name: x\n", "2:1", "found character '\\t' that cannot start"),
+        ("node_name: a\nnode_name: b\n", "2:1", "found duplicate key 'node_name'"),
+        ("gpus:\n  - {uuid: a, uuid: b}\n", "2:15", "found duplicate key 'uuid'"),
     ],
 )
 def test_non_yaml_file_is_a_scenario_error_chained_from_the_cause(
-    tmp_path: Path, text: str, fragment: str
+    tmp_path: Path, text: str, where: str, fragment: str
 ) -> None:
-    """Syntax errors and duplicate keys raise ScenarioError chained from PyYAML's error."""
+    """Syntax errors and duplicate keys raise ScenarioError chained from PyYAML's error,
+    on one line that says file:line:column (the second of two equal keys)."""
     path = tmp_path / "bad.yaml"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ScenarioError) as caught:
         load_scenario(path)
     assert caught.value.option == "scenario"
+    assert caught.value.reason.startswith(f"not valid YAML at {path}:{where}: ")
     assert fragment in caught.value.reason
-    assert str(path) in caught.value.reason
+    assert "\n" not in caught.value.reason
     assert isinstance(caught.value.__cause__, yaml.YAMLError)
+
+
+VALID_FILE = """\
+node_name: n
+safe_default_watts: 300
+gpus:
+  - {uuid: GPU-0, min_watts: 100, max_watts: 400, default_watts: 400}
+pods:
+  - namespace: ns
+    name: a
+    uid: 11111111-2222-4333-8444-555555555555
+    annotations:
+      capwatch.io/gpu-power-limit: "250"
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "option", "where"),
+    [
+        ("max_watts: 400", "max_watts: lots", "gpus[0].max_watts", "4:35"),
+        ("    name: a\n", "    name: a\n    nmae: b\n", "pods[0].nmae", "8:5"),
+        ("    name: a\n", "", "pods[0].name", "6:5"),  # missing: where its mapping starts
+        ('"250"', "250", 'pods[0].annotations["capwatch.io/gpu-power-limit"]', "10:7"),
+        ("safe_default_watts: 300\n", "", "safe_default_watts", "1:1"),
+    ],
+)
+def test_invalid_value_in_a_file_names_file_line_and_column(
+    tmp_path: Path, old: str, new: str, option: str, where: str
+) -> None:
+    """A value the validator refuses is reported at the file, line and column it is on
+    (a missing key at its mapping's), after the path to it."""
+    assert old in VALID_FILE
+    path = tmp_path / "s.yaml"
+    path.write_text(VALID_FILE.replace(old, new, 1), encoding="utf-8")
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert caught.value.option == option
+    assert caught.value.reason.endswith(f"(in {path}:{where})")
+
+
+def test_valid_file_fixture_is_valid(tmp_path: Path) -> None:
+    """The file the position cases edit is valid, so each fails for its one edit only."""
+    path = tmp_path / "s.yaml"
+    path.write_text(VALID_FILE, encoding="utf-8")
+    assert load_scenario(path).pods[0].annotations == {KEY: "250"}
 
 
 def test_fault_spec_rejects_inconsistent_construction() -> None:

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
+
+from agent.readiness import ReadinessReason
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.gen.v1 import dra_health_pb2 as v1_pb
-from server.tables import render_cycle, render_devices, render_heartbeat, render_snapshot
+from server.mapping import READINESS_REASON
+from server.tables import (
+    GPU_COLUMNS,
+    fit,
+    gpu_table,
+    plain,
+    render_cycle,
+    render_devices,
+    render_heartbeat,
+    render_readiness,
+    render_snapshot,
+)
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -50,7 +64,7 @@ def test_cycle_table_shows_what_each_gpu_got():
     text = render_cycle(cycle)
     head = text.splitlines()[0]
     assert head.startswith("cycle 7  --:--:--  NOT ENFORCED")
-    assert "NOT READY: cycle_failed (gpu1:write_failed), no good cycle yet" in head
+    assert "NOT READY: cycle-failed (gpu1:write_failed), no good cycle yet" in head
     assert text.splitlines()[1] == "  ! boom"
     header, first, second = _rows(text.split("\n", 1)[1])
     assert header[:4] == ["GPU", "HEALTH", "UUID", "OUTCOME"]
@@ -120,3 +134,72 @@ def test_dra_device_list_table():
     assert row[:3] == ["n1", "gpu-0", "unhealthy"]
     assert row[4] == "45s"
     assert lines[2].endswith("capwatch: power cap not enforced (write_failed)")
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        r
+        for r in ReadinessReason
+        if r is not ReadinessReason.READY and READINESS_REASON[r] != pb.READINESS_REASON_UNSPECIFIED
+    ],
+)
+def test_readiness_reasons_are_spelled_as_the_agent_spells_them(reason: ReadinessReason):
+    """The table's NOT READY reason is the agent's own value (cycle-failed, not
+    cycle_failed), as the shim's /readyz body and the agent's logs spell it."""
+    text = render_readiness(pb.Readiness(ready=False, reason=READINESS_REASON[reason]))
+    assert text.startswith(f"NOT READY: {reason.value}, ")
+
+
+def _device(index: int, *, failed: bool = False, owners: int = 1) -> pb.DeviceStatus:
+    return pb.DeviceStatus(
+        index=index,
+        uuid=f"GPU-d0000000-0000-4000-8000-00000000000{index}",
+        health=pb.DEVICE_HEALTH_UNHEALTHY if failed else pb.DEVICE_HEALTH_HEALTHY,
+        outcome=pb.OUTCOME_FAILED if failed else pb.OUTCOME_ENFORCED,
+        reason="identity_unconfirmed" if failed else "ok",
+        error_class="gpu_is_lost" if failed else "",
+        owners=[pb.PodRef(namespace="inference", name=f"server-{n}") for n in range(owners)],
+        requested_watts=350,
+        resolved_watts=350,
+        applied_watts=350,
+        cap_source=pb.CAP_SOURCE_AGREED,
+    )
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 120, 132, 160, 200])
+def test_gpu_table_fits_its_width_and_keeps_what_matters(width: int):
+    """At any width every line fits; GPU, OUTCOME, REASON and OWNERS are always shown
+    (owners cut with an ellipsis), and the other columns join as room allows."""
+    devices = [_device(0, owners=5), _device(1, failed=True)]
+    lines = [plain(line) for line in gpu_table(devices, width)]
+    assert max(len(line) for line in lines) <= width
+    header = lines[0].split()
+    assert header[:1] == ["GPU"]
+    assert {"OUTCOME", "REASON", "OWNERS"} <= set(header)
+    assert "…" in lines[1]  # five owners never fit
+    if width >= 80:
+        assert "identity_unconfirmed:gpu_is_lost" in lines[2]
+    if width >= 160:
+        assert header == [c for name in (c.name for c in GPU_COLUMNS) for c in name.split()]
+
+
+@pytest.mark.parametrize("width", [80, 120, None])
+def test_columns_do_not_move_when_a_cycle_fails(width: int | None):
+    """Column positions depend on the width alone: a failing GPU's longer reason does not
+    push the columns after it (the table does not jump from one cycle to the next)."""
+    good = [plain(line) for line in gpu_table([_device(0), _device(1)], width)]
+    bad = [plain(line) for line in gpu_table([_device(0), _device(1, failed=True)], width)]
+    assert good[0] == bad[0]
+    assert [_starts(line) for line in good[:2]] == [_starts(line) for line in bad[:2]]
+
+
+def _starts(line: str) -> list[int]:
+    return [i for i, c in enumerate(line) if c != " " and (i == 0 or line[i - 1] == " ")]
+
+
+def test_no_width_shows_every_column_at_its_widest():
+    """Without a terminal (no width) nothing is dropped or cut: logs keep everything."""
+    assert fit(GPU_COLUMNS, None) == [c.max for c in GPU_COLUMNS]
+    row = plain(gpu_table([_device(0, owners=2)], None)[1])
+    assert "inference/server-0,inference/server-1" in row

@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import signal
+import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,16 @@ import pytest
 from server.cli import main
 from server.watch import add_watch_arguments, watch, watch_settings
 from tests.client.support import eventually
-from tests.server.harness import UUIDS, ServerHarness, failed, ok, restart_harness
+from tests.server.harness import (
+    UUIDS,
+    ServerHarness,
+    failed,
+    ok,
+    restart_harness,
+    running,
+    settings_for,
+    start_harness,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,9 +57,49 @@ async def test_json_count_prints_that_many_json_lines(harness: ServerHarness, ca
     assert len(lines) == 3
     messages = [json.loads(line) for line in lines]
     assert list(messages[0]) == ["snapshot"]
-    assert messages[0]["snapshot"]["nodeName"] == "node-under-test"
+    assert messages[0]["snapshot"]["node_name"] == "node-under-test"
     assert [list(m) for m in messages[1:]] == [["heartbeat"], ["heartbeat"]]
-    assert messages[1]["heartbeat"]["lastSequence"] == "1"
+    assert messages[1]["heartbeat"]["last_sequence"] == "1"
+
+
+@pytest.mark.asyncio
+async def test_json_has_grpcurls_field_names_and_zero_values(harness: ServerHarness, capsys):
+    """--json spells fields as the proto (and grpcurl) do, and prints zero values: GPU 0
+    has its index, a failed cycle says enforced false, fields never set are printed."""
+    harness.publish([ok(0), failed(1), ok(2)])
+    rc, out, _ = await capwatch_watch(capsys, "--target", harness.target, "--json", "--count", "1")
+    assert rc == 0
+    snapshot = json.loads(out)["snapshot"]
+    assert [d["index"] for d in snapshot["devices"]] == [0, 1, 2]
+    assert snapshot["last_cycle"]["enforced"] is False
+    assert snapshot["readiness"]["ready"] is False
+    assert snapshot["resync"] is False
+    assert {"dra_device_name", "error_class", "process_count"} <= set(snapshot["devices"][0])
+    assert not [key for key in _keys(snapshot) if any(c.isupper() for c in key)]
+
+
+def _keys(value: object) -> list[str]:
+    if isinstance(value, dict):
+        return [*value, *(k for v in value.values() for k in _keys(v))]
+    if isinstance(value, list):
+        return [k for v in value for k in _keys(v)]
+    return []
+
+
+@pytest.mark.asyncio
+async def test_since_ahead_of_the_agent_says_so(harness: ServerHarness, capsys):
+    """--since past the agent's last cycle gets a resync that says why (not that the
+    cycles are no longer buffered: they never existed)."""
+    harness.publish()
+    harness.publish()
+    rc, out, _ = await capwatch_watch(
+        capsys, "--target", harness.target, "--since", "5", "--count", "1"
+    )
+    assert rc == 0
+    first = out.splitlines()[0]
+    assert first == (
+        "resync: --since 5 is ahead of the agent's last cycle (2); showing its current state"
+    )
 
 
 @pytest.mark.asyncio
@@ -73,24 +123,66 @@ async def test_json_since_prints_the_missed_cycles(harness: ServerHarness, capsy
 
 
 @pytest.mark.asyncio
-async def test_table_mode_prints_a_row_per_gpu_and_heartbeat_lines(harness: ServerHarness, capsys):
-    """The default output: the snapshot as a GPU table, then one line per heartbeat."""
+async def test_table_mode_prints_the_snapshot_then_only_what_changed(harness: ServerHarness):
+    """Not on a terminal: the snapshot as a whole GPU table, then for each cycle that
+    changed something its heading and the changed rows only; a cycle that changed
+    nothing prints nothing."""
     harness.publish([ok(0), failed(1), ok(2)])
-    rc, out, _ = await capwatch_watch(
-        capsys, "--target", harness.target, "--count", "2", "--heartbeat", "0.1"
-    )
-    assert rc == 0
-    lines = out.splitlines()
+    out, err = io.StringIO(), io.StringIO()
+    settings = parsed("--target", harness.target, "--count", "4", "--heartbeat", "60")
+    task = asyncio.create_task(watch(settings, out=out, err=err))
+    await eventually(lambda: "snapshot" in out.getvalue())
+    # One at a time: a cycle sent late carries the readiness of its sending.
+    for sent, gpus in enumerate([[ok(0), failed(1), ok(2)], None, None], start=2):
+        harness.publish(gpus)  # cycle 2: as before; 3: GPU 1 recovers; 4: as before
+        await eventually(lambda sent=sent: harness.publication.messages_sent >= sent)
+    async with asyncio.timeout(3):
+        assert await task == 0
+    lines = out.getvalue().splitlines()
     assert lines[0].startswith("snapshot  node node-under-test")
-    assert "NOT READY: cycle_failed" in lines[0]
+    assert "NOT READY: cycle-failed" in lines[0]
     assert lines[1].split()[:4] == ["GPU", "HEALTH", "UUID", "OUTCOME"]
     rows = [line.split() for line in lines[2:5]]
     assert [row[:2] for row in rows] == [["0", "healthy"], ["1", "unhealthy"], ["2", "healthy"]]
     assert rows[1][3:5] == ["failed", "write_failed:no_permission"]
     assert lines[5] == ""
-    assert lines[6].startswith("heartbeat  ")
-    assert "cycle 1" in lines[6]
-    assert len(lines) == 7
+    assert lines[6].startswith("cycle 3  ")
+    assert "  ENFORCED  " in lines[6]
+    assert lines[7].split()[0] == "GPU"
+    assert lines[8].split()[:4] == ["1", "healthy", "GPU-…00000001", "enforced"]
+    assert lines[9:] == [""]
+    assert err.getvalue() == ""
+
+
+@pytest.mark.asyncio
+async def test_not_on_a_terminal_columns_still_fits(
+    harness: ServerHarness, capsys, monkeypatch: pytest.MonkeyPatch
+):
+    """COLUMNS (as a pager or `watch -n` sets it) bounds the lines printed to a pipe."""
+    monkeypatch.setenv("COLUMNS", "80")
+    harness.publish([ok(0), failed(1), ok(2)])
+    rc, out, _ = await capwatch_watch(capsys, "--target", harness.target, "--count", "1")
+    assert rc == 0
+    assert "write_failed:no_permission" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+@pytest.mark.asyncio
+async def test_heartbeats_print_only_when_readiness_moves():
+    """Not on a terminal, a heartbeat that says what the last message said prints nothing;
+    the one that says the agent went stale prints its line."""
+    async with running(interval_s=0.2) as harness:
+        harness.publish()
+        out, err = io.StringIO(), io.StringIO()
+        stop = asyncio.Event()
+        settings = parsed("--target", harness.target, "--heartbeat", "0.05")
+        task = asyncio.create_task(watch(settings, out=out, err=err, stop=stop))
+        await eventually(lambda: "NOT READY: stale" in out.getvalue(), timeout=5)
+        stop.set()
+        assert await task == 0
+    beats = [line for line in out.getvalue().splitlines() if line.startswith("heartbeat")]
+    assert len(beats) == 1
+    assert "NOT READY: stale" in beats[0]
 
 
 @pytest.mark.asyncio
@@ -136,7 +228,7 @@ async def test_dra_json(harness: ServerHarness, capsys):
     assert rc == 0
     (line,) = out.splitlines()
     devices = json.loads(line)["devices"]
-    assert [d["device"]["deviceName"] for d in devices] == ["gpu-0", "gpu-1", "gpu-2"]
+    assert [d["device"]["device_name"] for d in devices] == ["gpu-0", "gpu-1", "gpu-2"]
 
 
 @pytest.mark.asyncio
@@ -171,6 +263,80 @@ async def test_request_the_agent_refuses_exits_1(harness: ServerHarness):
         assert await watch(settings, out=out, err=err) == 1
     assert err.getvalue().count("\n") == 1
     assert err.getvalue().startswith(f"capwatch watch: {harness.target}: INVALID_ARGUMENT: ")
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_agent_never_reached_is_one_line_and_exit_1(capsys):
+    """A watch that never got a message says why on one line and exits 1, rather than
+    retrying for ever in silence."""
+    target = f"127.0.0.1:{closed_port()}"
+    assert main(["watch", "--target", target], {}) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith(f"capwatch watch: cannot reach {target}: UNAVAILABLE")
+    assert captured.err.endswith(" (--retry keeps trying)\n")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["flag", "twin"])
+async def test_retry_keeps_trying_an_agent_not_reached_yet(how: str):
+    """--retry (or CAPWATCH_WATCH_RETRY=true) keeps trying an agent that is not up yet,
+    and shows it once it is."""
+    port = closed_port()
+    parser = argparse.ArgumentParser()
+    add_watch_arguments(parser)
+    argv = ["--target", f"127.0.0.1:{port}", "--count", "1"]
+    env = {"CAPWATCH_WATCH_RETRY": "true"} if how == "twin" else {}
+    settings = watch_settings(
+        parser.parse_args([*argv, *(["--retry"] if how == "flag" else [])]), env
+    )
+    out, err = io.StringIO(), io.StringIO()
+    task = asyncio.create_task(watch(settings, out=out, err=err))
+    await eventually(lambda: "disconnected from" in out.getvalue(), timeout=5)
+    harness = await start_harness(settings=settings_for(f"127.0.0.1:{port}"))
+    try:
+        harness.publish()
+        async with asyncio.timeout(15):
+            assert await task == 0
+    finally:
+        await harness.server.stop()
+    assert f"reconnected to 127.0.0.1:{port}" in out.getvalue()
+    assert "snapshot  node node-under-test" in out.getvalue()
+    assert err.getvalue() == ""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("gpus", "unknown"), [(["7"], "7"), (["1", "GPU-nope"], "GPU-nope")], ids=["index", "uuid"]
+)
+async def test_an_unknown_gpu_is_an_error(harness: ServerHarness, gpus: list[str], unknown: str):
+    """--gpu naming a GPU the agent does not have exits 2 with one line, instead of an
+    empty table for ever; --since (no snapshot first) is checked too."""
+    harness.publish()
+    harness.publish()
+    for since in ("0", "1"):
+        argv = ["--target", harness.target, "--since", since, *(f"--gpu={g}" for g in gpus)]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "server.cli",
+            "watch",
+            *argv,
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(20):
+            out, err = await process.communicate()
+        assert (process.returncode, out) == (2, b"")
+        expected = f"capwatch watch: error: --gpu: {harness.target} has no GPU {unknown}\n"
+        assert err.decode() == expected
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from server.health import ListingHealthServicer
 from tests.server.harness import ServerHarness, eventually, failed, ok, running, settings_for
 
 pytestmark = pytest.mark.asyncio
@@ -101,3 +102,37 @@ async def test_stop_turns_not_serving_before_the_server_goes() -> None:
         stopping = asyncio.create_task(harness.server.stop())
         assert [await next_status(stream) for stream in streams] == [NOT_SERVING] * 2
         await stopping
+
+
+async def list_statuses(channel: grpc.aio.Channel) -> dict[str, int]:
+    response = await health_pb2_grpc.HealthStub(channel).List(
+        health_pb2.HealthListRequest(), timeout=2
+    )
+    return {name: int(status.status) for name, status in response.statuses.items()}
+
+
+async def test_list_answers_every_service_as_check_does(harness: ServerHarness) -> None:
+    """Health/List (which reflection lists) answers, not UNIMPLEMENTED: every tracked
+    name with the status Check gives it, following the cycles."""
+    async with harness.channel() as channel:
+        assert await list_statuses(channel) == dict.fromkeys(NAMES, NOT_SERVING)
+        harness.publish()
+        await becomes(channel, SERVING)
+        assert await list_statuses(channel) == dict.fromkeys(NAMES, SERVING)
+        harness.publish([ok(0), failed(1), ok(2)])
+        await becomes(channel, NOT_SERVING)
+        assert await list_statuses(channel) == dict.fromkeys(NAMES, NOT_SERVING)
+
+
+async def test_list_after_shutdown_began_is_not_serving_for_all() -> None:
+    """Once the graceful shutdown began, List says NOT_SERVING for every name, like Check,
+    and a readiness change arriving later does not bring one back."""
+    health = ListingHealthServicer()
+    for name in NAMES:
+        await health.set(name, SERVING)
+    await health.enter_graceful_shutdown()
+    await health.set("", SERVING)
+    listed = await health.List(health_pb2.HealthListRequest(), None)
+    assert {name: status.status for name, status in listed.statuses.items()} == dict.fromkeys(
+        NAMES, NOT_SERVING
+    )

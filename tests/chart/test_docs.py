@@ -1,0 +1,113 @@
+"""The chart's documentation against the chart, the Makefile and the repository README."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.chart.support import CHART, ROOT, Manifests
+
+README = CHART / "README.md"
+# A document cited in a template or values comment: `README.md: "Section"`, or
+# `DESIGN.md section 5`.
+_CITATION = re.compile(r'([\w./-]+\.md)(?::\s*"([^"]+)"|\s+section\s+([\w.]+))?')
+
+
+def _section(text: str, heading: str) -> str:
+    match = re.search(rf"^#+ {re.escape(heading)}\n(.*?)(?=^#+ |\Z)", text, re.M | re.S)
+    assert match, f"no section {heading!r}"
+    return match.group(1)
+
+
+def _headings(path: Path) -> set[str]:
+    return set(re.findall(r"^#+ (.+)$", path.read_text(), flags=re.MULTILINE))
+
+
+def test_template_and_values_comments_cite_documents_that_exist():
+    """Every document a template or values.yaml comment cites is in the repository (next to
+    the chart, or at the top), and every section it names is a heading there."""
+    sources = [*sorted((CHART / "templates").iterdir()), CHART / "values.yaml"]
+    cited = 0
+    for source in sources:
+        for name, heading, number in _CITATION.findall(source.read_text()):
+            found = [p for p in (CHART / name, ROOT / name) if p.is_file()]
+            assert found, f"{source.name} cites {name}, which the repository does not have"
+            assert not number, f"{source.name} cites {name} by section number; name it"
+            if heading:
+                assert heading in _headings(found[0]), f"{source.name}: {name} has no {heading!r}"
+            cited += 1
+    assert cited  # the check ran over something
+
+
+def test_values_table_says_what_rbac_grants(default: Manifests):
+    """The README's rbac.create row names every resource and verb the rendered role grants
+    (Events included), so it cannot say pods-only while Events are granted."""
+    row = next(
+        line for line in README.read_text().splitlines() if line.startswith("| `rbac.create`")
+    )
+    rules = default.one("ClusterRole")["rules"]
+    for rule in rules:
+        for resource in rule["resources"]:
+            assert f"`{resource}`" in row or resource in row, f"row omits {resource}: {row}"
+        for verb in rule["verbs"]:
+            assert f"`{verb}`" in row, f"row omits {verb}: {row}"
+    assert " only" not in row or len(rules) == 1
+
+
+def _make_targets() -> dict[str, tuple[list[str], list[str]]]:
+    """Makefile target -> (prerequisites, recipe lines)."""
+    targets: dict[str, tuple[list[str], list[str]]] = {}
+    current: list[str] | None = None
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        if line.startswith("\t") and current is not None:
+            current.append(line.strip())
+            continue
+        match = re.match(r"^([\w.$()/-]+):(?!=)\s*(.*)$", line)
+        if match and not match.group(1).startswith("."):
+            recipe: list[str] = []
+            targets[match.group(1)] = (match.group(2).split(), recipe)
+            current = recipe
+        else:
+            current = None
+    return targets
+
+
+def _runs(target: str, targets: dict[str, tuple[list[str], list[str]]]) -> list[str]:
+    """Every recipe line ``make target`` runs, prerequisites first."""
+    prerequisites, recipe = targets.get(target, ([], []))
+    return [line for p in prerequisites for line in _runs(p, targets)] + recipe
+
+
+def test_checks_section_names_the_command_that_runs_the_checks():
+    """The "Checks" section's make targets exist, and together run what it describes:
+    helm lint on the chart, and the pytest suite that holds tests/chart/."""
+    text = _section(README.read_text(), "Checks")
+    named = re.findall(r"`make (\w[\w-]*)", text)
+    assert named, text
+    targets = _make_targets()
+    for target in named:
+        assert target in targets, f"the Makefile has no target {target}"
+    runs = [line for target in named for line in _runs(target, targets)]
+    assert any("$(HELM) lint" in line for line in runs), runs
+    assert any("$(BIN)/pytest" in line for line in runs), runs
+
+
+@pytest.mark.parametrize("readme", [ROOT / "README.md", README], ids=["repository", "chart"])
+def test_install_commands_label_the_namespace_for_privileged_pods(readme: Path):
+    """Each `helm install` shown is preceded, in its block, by the Pod Security label the
+    chart requires on the namespace it installs into (the agent is privileged)."""
+    blocks = re.findall(r"```sh\n(.*?)```", readme.read_text(), flags=re.DOTALL)
+    installs = [block for block in blocks if "helm install" in block]
+    assert installs, readme
+    for block in installs:
+        namespace = re.search(r"--namespace[= ](\S+)", block)
+        assert namespace, block
+        label = re.search(
+            rf"kubectl label (?:ns|namespace) {re.escape(namespace.group(1))} "
+            r"pod-security\.kubernetes\.io/enforce=privileged",
+            block,
+        )
+        assert label, f"{readme.name}: no pod-security label for {namespace.group(1)}:\n{block}"
+        assert label.start() < block.index("helm install"), block

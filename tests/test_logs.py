@@ -1,0 +1,92 @@
+"""Log lines: fields named in the message become JSON keys; text reads as written."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from agent.settings import LogFormat
+from server.logs import JsonFormatter, configure_logging
+
+
+def record(msg: str, *args: object) -> logging.LogRecord:
+    return logging.LogRecord("capwatch.test", logging.INFO, __file__, 1, msg, args, None)
+
+
+@pytest.mark.parametrize(
+    ("msg", "args", "message", "fields"),
+    [
+        (
+            "serving /readyz address=%s port=%d target=%s",
+            ("127.0.0.1", 8081, "unix:///run/x.sock"),
+            "serving /readyz",
+            {"address": "127.0.0.1", "port": 8081, "target": "unix:///run/x.sock"},
+        ),
+        (
+            "stream lost target=%s code=%s error=%r attempt=%d retry_in=%.3f",
+            ("h:1", "UNAVAILABLE", "connection refused", 2, 0.25),
+            "stream lost",
+            {
+                "target": "h:1",
+                "code": "UNAVAILABLE",
+                "error": "connection refused",
+                "attempt": 2,
+                "retry_in": 0.25,
+            },
+        ),
+        (
+            "agent assembled node=%s gpus=%d interval=%gs",
+            ("n1", 6, 2.0),
+            "agent assembled",
+            {"node": "n1", "gpus": 6, "interval": "2s"},
+        ),
+        (
+            "cycle failure kind=%s %s",
+            ("internal_error", "boom"),
+            "cycle failure boom",
+            {"kind": "internal_error"},
+        ),
+        ("loaded path=%s", (Path("/var/lib/x"),), "loaded", {"path": "/var/lib/x"}),
+        ("100%% done task=%s", ("t",), "100% done", {"task": "t"}),
+    ],
+)
+def test_json_log_fields_are_keys_not_text(
+    msg: str, args: tuple[object, ...], message: str, fields: dict[str, object]
+):
+    """Each ``key=%x`` of a log call is a JSON key holding the argument's own value
+    (numbers stay numbers; a unit after the conversion stays with it); the rest is the
+    message."""
+    doc = json.loads(JsonFormatter().format(record(msg, *args)))
+    assert doc.pop("message") == message
+    assert {k: doc[k] for k in fields} == fields
+    assert set(doc) == {"time", "level", "logger", *fields}
+
+
+@pytest.mark.parametrize(
+    ("msg", "args"),
+    [
+        ("in-flight cycle did not finish within %.1fs; restoring anyway", (2.0,)),
+        ("nvml initialised", ()),
+        ("%(name)s keyed", ()),
+        ("message=%s time=%s", ("clash", "now")),
+    ],
+)
+def test_messages_without_fields_stay_as_logging_formats_them(msg: str, args: tuple[object, ...]):
+    """Prose, mapping-style formats and keys that would overwrite the record's own keys
+    are left in the message exactly as logging formats it."""
+    rec = record(msg, *args)
+    doc = json.loads(JsonFormatter().format(rec))
+    assert doc["message"] == rec.getMessage()
+    assert set(doc) == {"time", "level", "logger", "message"}
+
+
+def test_text_logs_read_as_written():
+    """The text format is unchanged: fields stay inline in the message."""
+    stream = io.StringIO()
+    configure_logging("INFO", LogFormat.TEXT, stream=stream)  # undone by tests/conftest.py
+    logging.getLogger("capwatch.test").info("serving port=%d", 8081)
+    assert stream.getvalue().rstrip().endswith("INFO    capwatch.test: serving port=8081")

@@ -1,0 +1,45 @@
+"""README.md against the repository: its two commands, and what they need."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _section(heading: str) -> str:
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", README, re.M | re.S)
+    assert match, heading
+    return match.group(1)
+
+
+def _tools_the_suite_needs() -> set[str]:
+    """Programs the tests look up on PATH, and those .ci/run installs for them."""
+    tools: set[str] = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        tools |= set(re.findall(r'shutil\.which\("([\w.-]+)"\)', path.read_text()))
+    ci = (ROOT / ".ci" / "run").read_text()
+    for listed in re.findall(r"for tool in ([\w .-]+); do", ci):
+        tools |= set(listed.split())
+    tools |= set(re.findall(r"command -v ([\w.-]+)", ci)) - {'"$tool"'}
+    return tools
+
+
+def test_two_commands_are_exactly_two():
+    """The set-up block is `make demo` and `make test`, nothing more."""
+    block = re.findall(r"```sh\n(.*?)```", _section("Two commands"), flags=re.DOTALL)[0]
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["make demo", "make test"]
+
+
+def test_two_commands_name_every_tool_the_tests_need():
+    """Every program the suite needs from the machine (gcc, openssl, promtool, ...) is named
+    where the README says what a fresh machine needs, so a missing one is not a surprise
+    (or a silent skip)."""
+    section = _section("Two commands")
+    tools = _tools_the_suite_needs()
+    assert {"gcc", "openssl", "promtool"} <= tools  # the scan found them
+    missing = sorted(tool for tool in tools if not re.search(rf"\b{re.escape(tool)}\b", section))
+    assert missing == []
