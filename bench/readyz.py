@@ -346,7 +346,7 @@ async def measure_all(args: argparse.Namespace, wrk: str | None, shim_log: Any) 
     publisher = asyncio.create_task(publish())
     port = free_port()
     shim = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "server.cli", "shim", "--target", harness.target),
+        *(sys.executable, "-m", "capwatch.cli", "shim", "--target", harness.target),
         *("--readyz-address", HOST, "--readyz-port", str(port)),
         env={k: v for k, v in os.environ.items() if not k.startswith("CAPWATCH_")},
         stdout=asyncio.subprocess.DEVNULL,

@@ -12,7 +12,7 @@ what changed elsewhere), and every change of the shim's answer as a
 Nothing is trusted that the demo did not start: the shim says on its log
 which port it bound before its answers are shown, and a part that cannot
 start (a port in use) ends the demo with one line. The shim dies with the
-demo even when the demo is SIGKILLed (server/child.py), and the demo's
+demo even when the demo is SIGKILLed (capwatch/child.py), and the demo's
 temporary state directory goes when it ends.
 """
 
@@ -343,7 +343,7 @@ class _Demo:
         self._shim = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "server.child",
+            "capwatch.child",
             str(os.getpid()),
             "shim",
             f"--target={target}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from server.cli import main
+from capwatch.cli import main
 
 ZERO_GPUS = "node_name: empty-node\nsafe_default_watts: 300\ngpus: []\n"
 

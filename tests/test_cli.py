@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from agent.settings import add_agent_arguments, agent_settings
-from server.cli import main
+from capwatch.cli import main
 
-CAPWATCH = [sys.executable, "-m", "server.cli"]
+CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
 
 
 @pytest.mark.parametrize(

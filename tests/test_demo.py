@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
+from capwatch.cli import main
 from tests.terminal import RED, REDRAW, read_until_exit, spawn, terminal_env, visible_lines
 
 ROOT = Path(__file__).resolve().parent.parent
-CAPWATCH = [sys.executable, "-m", "server.cli"]
+CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
 # Every port chosen by the demo itself: no fixed ports in tests.
 FREE_PORTS = ["--grpc-listen", "127.0.0.1:0", "--readyz-port", "0", "--metrics-port", "0"]
 

@@ -85,7 +85,7 @@ def test_agent_caps_from_annotations_and_restores_on_sigterm(
             CAPWATCH_METRICS_PORT="0",  # no fixed ports in tests
         )
         proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "agent", "--gpu-backend", "nvml"],
+            [sys.executable, "-m", "capwatch.cli", "agent", "--gpu-backend", "nvml"],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -159,7 +159,7 @@ def test_a_stalled_pod_watch_aborts_cycles_within_the_silence_bound(
         stderr = tmp_path / "agent.err"
         with stderr.open("w") as err_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "server.cli", "agent", "--gpu-backend", "nvml"],
+                [sys.executable, "-m", "capwatch.cli", "agent", "--gpu-backend", "nvml"],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

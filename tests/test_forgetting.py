@@ -21,7 +21,7 @@ from agent.ownership import FILE_NAME, FORMAT_VERSION, OwnershipStore
 from agent.reconciling import Policy, Reconciler
 from agent.reports import Reason
 from agent.scenario import FaultOp, FaultSpec
-from server.cli import main
+from capwatch.cli import main
 from tests.contract.conftest import KEY, POD_A, PODS, SAFE_W
 from tests.contract.rigs import GPU_COUNT, UUIDS, SimRig
 from tests.fakes.pods import StaticPodView

@@ -12,7 +12,7 @@ from agent.gpus import GpuErrorClass, WriteOutcome
 from agent.scenario import parse_scenario
 from agent.simlimits import PersistentLimits
 from agent.simulation import SimGpuBackend, SimWorld
-from server.cli import main
+from capwatch.cli import main
 
 UUIDS = ("GPU-5e5e5e5e-0000-4000-8000-000000000000", "GPU-5e5e5e5e-0000-4000-8000-000000000001")
 SCENARIO = parse_scenario(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.settings import BackendKind, LogFormat, agent_settings
-from server.cli import _parser  # the real `capwatch` parser: what the image will accept
+from capwatch.cli import _parser  # the real `capwatch` parser: what the image will accept
 from server.settings import server_settings
 from tests.chart.support import VARIANTS, Manifests, ports
 

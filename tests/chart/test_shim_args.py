@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.cli import _parser  # the real `capwatch` parser: what the image will accept
+from capwatch.cli import _parser  # the real `capwatch` parser: what the image will accept
 from server.settings import server_settings
 from server.shim import shim_settings
 from server.watch import watch_settings

@@ -25,7 +25,7 @@ async def test_watch_fits_the_terminal_colours_failures_and_redraws(
     another."""
     harness.publish([ok(0), failed(1), ok(2)])
     process, master = spawn(
-        [sys.executable, "-m", "server.cli", "watch", "--target", harness.target, "--count", "3"],
+        [sys.executable, "-m", "capwatch.cli", "watch", "--target", harness.target, "--count", "3"],
         columns=columns,
         env={**terminal_env(os.environ), "PYTHONPATH": str(ROOT)},
     )

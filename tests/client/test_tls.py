@@ -12,7 +12,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from server.cli import main
+from capwatch.cli import main
 from server.client import Disconnected, NodeHealthClient, Snapshot
 from tests.server.harness import ServerHarness, settings_for, start_harness
 

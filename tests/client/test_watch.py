@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
+from capwatch.cli import main
 from server.watch import add_watch_arguments, watch, watch_settings
 from tests.client.support import eventually
 from tests.server.harness import (
@@ -325,7 +325,7 @@ async def test_an_unknown_gpu_is_an_error(harness: ServerHarness, gpus: list[str
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "server.cli",
+            "capwatch.cli",
             "watch",
             *argv,
             cwd=ROOT,
@@ -385,7 +385,7 @@ async def test_signal_exits_0_quietly(harness: ServerHarness, sig: signal.Signal
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "server.cli",
+        "capwatch.cli",
         "watch",
         "--target",
         harness.target,

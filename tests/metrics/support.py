@@ -25,7 +25,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-CAPWATCH = [sys.executable, "-m", "server.cli"]
+CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
 Series = tuple[str, frozenset[tuple[str, str]]]
 
 

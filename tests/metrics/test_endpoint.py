@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from server.cli import main
+from capwatch.cli import main
 from server.exposition import MetricsServer
 from server.metrics import Metrics
 from server.settings import server_settings

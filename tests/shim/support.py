@@ -30,7 +30,7 @@ from agent.folding import crashed_report
 from agent.reports import CycleReport
 from tests.server.harness import UUIDS, ServerHarness, ok, start_harness
 
-CAPWATCH = (sys.executable, "-m", "server.cli")
+CAPWATCH = (sys.executable, "-m", "capwatch.cli")
 ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.02
 START_S = 15.0  # generous: a loaded 2-core machine starts Python slowly

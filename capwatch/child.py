@@ -1,6 +1,6 @@
 """A capwatch command run as a child process that ends when its parent does.
 
-``python -m server.child PARENT_PID ARG...`` runs ``capwatch ARG...`` after
+``python -m capwatch.child PARENT_PID ARG...`` runs ``capwatch ARG...`` after
 asking the kernel to send it SIGTERM the moment the process that started it
 ends, however it ends: a SIGKILL of the parent runs no handler that could
 stop its children. On Linux that is ``prctl(PR_SET_PDEATHSIG)``, which
@@ -50,9 +50,9 @@ def _watch(parent: int) -> None:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 2 or not argv[0].isdigit():
-        sys.exit("usage: python -m server.child PARENT_PID CAPWATCH_ARG...")
+        sys.exit("usage: python -m capwatch.child PARENT_PID CAPWATCH_ARG...")
     die_with_parent(int(argv[0]))
-    from server.cli import main as capwatch  # noqa: PLC0415 - only once the guard is set
+    from capwatch.cli import main as capwatch  # noqa: PLC0415 - only once the guard is set
 
     return capwatch(argv[1:])
 

@@ -1,4 +1,5 @@
-"""The ``capwatch`` command line: ``agent``, ``shim``, ``watch``, ``demo`` and ``forget``.
+"""The ``capwatch`` command line: ``agent``, ``shim``, ``watch``, ``demo``, ``forget`` and
+``controller``.
 
 Configuration errors print one line (``capwatch agent: error: --interval: ...``)
 and exit 2; an agent that cannot start (no GPUs, no NVML) exits 1; a stop by
@@ -34,6 +35,7 @@ COMMANDS = {
     "watch": "follow an agent's health stream: a table per cycle, or JSON lines",
     "shim": "serve GET /readyz for the kubelet from the agent's stream",
     "forget": "tell the agent on this node that a GPU it capped is gone for good",
+    "controller": "run the cluster controller ('controller cleanup' removes its Node condition)",
 }
 
 
@@ -92,6 +94,17 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         from server.shim import add_shim_arguments
 
         add_shim_arguments(parser)
+    elif command == "controller":
+        from controller.settings import add_controller_arguments
+
+        parser.add_argument(
+            "action",
+            nargs="?",
+            choices=("run", "cleanup"),
+            default="run",
+            help="run (the default), or cleanup: remove GPUPowerCapEnforced from every Node",
+        )
+        add_controller_arguments(parser)
     else:
         from agent.flags import add_options
         from agent.forgetting import add_forget_arguments
@@ -153,9 +166,26 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         logging_values = read_options(args, environ, _forget_logging())
         configure_logging(logging_values["log_level"], logging_values["log_format"])
         return run_forget(args, environ, sys.stdout)
+    if args.command == "controller":
+        return _controller(args, environ)
     from server.demo import demo_settings, run_demo
 
     return run_demo(demo_settings(args, environ))
+
+
+def _controller(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from controller.settings import controller_settings
+    from server.logs import configure_logging
+
+    settings = controller_settings(args, environ)
+    configure_logging(settings.log_level, settings.log_format)
+    if args.action == "cleanup":
+        from controller.cleanup import run_cleanup
+
+        return asyncio.run(run_cleanup(settings, out=sys.stdout))
+    from controller.running import run_controller
+
+    return asyncio.run(run_controller(settings))
 
 
 if __name__ == "__main__":
