@@ -49,6 +49,8 @@ async def run_agent(
         namer=server_settings.device_namer(),
         pool_name=server_settings.dra_pool_name or agent.node_name,
         max_subscribers=server_settings.max_subscribers,
+        reserved_local=server_settings.reserved_local_subscribers,
+        max_per_peer=server_settings.max_streams_per_peer,
     )
     server = AgentServer(settings=server_settings, publication=publication, on_fatal=stop.set)
     metrics = None

@@ -318,6 +318,12 @@ class _ScrapeCollector(Collector):
         messages = CounterMetricFamily(
             "capwatch_stream_messages", "Messages sent on the health streams."
         )
+        refusals = CounterMetricFamily(
+            "capwatch_stream_refusals",
+            "Streams refused a slot (RESOURCE_EXHAUSTED): every slot open to the client "
+            "taken (subscriber_limit), or its address holding its most (peer_limit).",
+            labels=["reason"],
+        )
         labels = ["gpu", "uuid"]
         resolved = GaugeMetricFamily(
             "capwatch_gpu_resolved_cap_watts",
@@ -329,7 +335,16 @@ class _ScrapeCollector(Collector):
             "Cap last written to the GPU (NaN while capwatch holds none).",
             labels=labels,
         )
-        families: list[Metric] = [info, age, ready, subscribers, messages, resolved, applied]
+        families: list[Metric] = [
+            info,
+            age,
+            ready,
+            subscribers,
+            messages,
+            refusals,
+            resolved,
+            applied,
+        ]
         # Only when on: renewals on a plaintext port, or Events never posted, would
         # mean nothing.
         families += _optional_counter(
@@ -358,6 +373,8 @@ class _ScrapeCollector(Collector):
         ready.add_metric([], 1.0 if readiness.ready else 0.0)
         subscribers.add_metric([], float(self._pub.subscribers))
         messages.add_metric([], float(self._pub.messages_sent))
+        for reason, count in self._pub.admission.refusals.items():
+            refusals.add_metric([reason.value], float(count))
         for index, caps in sorted(self._caps().items()):
             values = [str(index), caps.uuid or ""]
             resolved.add_metric(values, _watts(caps.resolved_watts))

@@ -76,13 +76,13 @@ class NodeHealthServicer:
                     f"heartbeat_interval must be between {MIN_HEARTBEAT_S:g}s and "
                     f"{MAX_HEARTBEAT_S:g}s",
                 )
-        await self._pub.admit(context)
+        slot = await self._pub.admit(context)
         try:
             async for message in self._stream(request, include, heartbeat_s):
                 self._pub.messages_sent += 1
                 yield message
         finally:
-            self._pub.unsubscribe()
+            self._pub.unsubscribe(slot)
 
     async def _stream(
         self, request: pb.WatchRequest, include: Include | None, heartbeat_s: float

@@ -419,7 +419,9 @@ async def test_requests_at_the_limits_are_accepted(harness: ServerHarness) -> No
 
 async def test_subscriber_limit_counts_every_stream_and_frees_slots() -> None:
     """With a limit of 2, a third stream (Watch or DRA) gets RESOURCE_EXHAUSTED until one ends."""
-    settings = settings_for(extra={"grpc_max_subscribers": "2"})
+    settings = settings_for(
+        extra={"grpc_max_subscribers": "2", "grpc_reserved_local_subscribers": "0"}
+    )
     async with running(settings=settings) as harness, harness.channel() as channel:
         first = watch(channel, heartbeat_interval=QUIET)
         await next_event(first, "snapshot")
