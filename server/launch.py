@@ -59,6 +59,7 @@ async def run_agent(
             metrics=Metrics(
                 publication=publication,
                 certificate_reloads=server.certificate_reloads,
+                malformed_requests=server.malformed_requests,
                 pod_events=lambda: None if agent.pod_events is None else agent.pod_events.counts(),
             ),
             address=server_settings.metrics_address,

@@ -140,6 +140,7 @@ class Metrics:
         version: str | None = None,
         certificate_reloads: Callable[[], Reloads | None] = lambda: None,
         pod_events: Callable[[], EventCounts | None] = lambda: None,
+        malformed_requests: Callable[[], int] = lambda: 0,
     ) -> None:
         # _created series double the count of every counter for nothing a
         # dashboard uses; the switch is process-wide, and this process is ours.
@@ -212,6 +213,7 @@ class Metrics:
                 caps=lambda: self._caps,
                 certificate_reloads=certificate_reloads,
                 pod_events=pod_events,
+                malformed_requests=malformed_requests,
                 info={
                     "version": version or package_version(),
                     "node": publication.node_name,
@@ -291,12 +293,14 @@ class _ScrapeCollector(Collector):
         caps: Callable[[], Mapping[int, GpuCaps]],
         certificate_reloads: Callable[[], Reloads | None],
         pod_events: Callable[[], EventCounts | None],
+        malformed_requests: Callable[[], int],
         info: dict[str, str],
     ) -> None:
         self._pub = publication
         self._caps = caps
         self._certificate_reloads = certificate_reloads
         self._pod_events = pod_events
+        self._malformed_requests = malformed_requests
         self._info = info
 
     def describe(self) -> Iterable[Metric]:
@@ -324,6 +328,10 @@ class _ScrapeCollector(Collector):
             "taken (subscriber_limit), or its address holding its most (peer_limit).",
             labels=["reason"],
         )
+        malformed = CounterMetricFamily(
+            "capwatch_grpc_malformed_requests",
+            "gRPC requests refused with INVALID_ARGUMENT because their bytes did not parse.",
+        )
         labels = ["gpu", "uuid"]
         resolved = GaugeMetricFamily(
             "capwatch_gpu_resolved_cap_watts",
@@ -342,6 +350,7 @@ class _ScrapeCollector(Collector):
             subscribers,
             messages,
             refusals,
+            malformed,
             resolved,
             applied,
         ]
@@ -375,6 +384,7 @@ class _ScrapeCollector(Collector):
         messages.add_metric([], float(self._pub.messages_sent))
         for reason, count in self._pub.admission.refusals.items():
             refusals.add_metric([reason.value], float(count))
+        malformed.add_metric([], float(self._malformed_requests()))
         for index, caps in sorted(self._caps().items()):
             values = [str(index), caps.uuid or ""]
             resolved.add_metric(values, _watts(caps.resolved_watts))
