@@ -284,7 +284,7 @@ class Metrics:
 
 
 class _ScrapeCollector(Collector):
-    """Series computed at scrape time, on the HTTP server's thread."""
+    """Series computed at scrape time (on the event loop, like the fold)."""
 
     def __init__(
         self,
