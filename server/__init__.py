@@ -1,1 +1,18 @@
-"""capwatch's protocol edge: the command line, and (later) the gRPC services."""
+"""capwatch's protocol edge: the command line, the gRPC services, metrics, the shim.
+
+grpc core (C) logs on its own, to stderr. Since it moved to absl logging it
+prints INFO lines when ``GRPC_VERBOSITY`` is unset, among them one per failed
+TLS handshake: any client speaking plaintext, or presenting the wrong
+certificate, to the TLS port wrote a line per connection (2,000 failed
+handshakes, 2,002 lines). grpc reads the variable once, when it is first
+imported, and every capwatch command imports this package before grpc: so
+here, unless the operator set it, it becomes ``ERROR``, the default grpc
+documented before that move. A failed handshake is the client's to read (its
+call fails with UNAVAILABLE naming the TLS error); ``GRPC_VERBOSITY=INFO``
+shows them on the agent too, a line each.
+"""
+
+import os
+
+if not os.environ.get("GRPC_VERBOSITY"):
+    os.environ["GRPC_VERBOSITY"] = "ERROR"

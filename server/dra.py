@@ -94,7 +94,7 @@ class _DraServicer:
     async def NodeWatchResources(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        await self._pub.admit(context)
+        slot = await self._pub.admit(context)
         try:
             hub = self._pub.hub
             view = self._pub.view()
@@ -110,7 +110,7 @@ class _DraServicer:
                 self._pub.messages_sent += 1
                 yield self.response(view)
         finally:
-            self._pub.unsubscribe()
+            self._pub.unsubscribe(slot)
 
 
 class DraV1alpha1Servicer(_DraServicer, v1alpha1_grpc.DRAResourceHealthServicer):

@@ -1,7 +1,23 @@
-"""The metrics endpoint: /metrics over HTTP on its own thread, and the task feeding it.
+"""The metrics endpoint: /metrics over HTTP on the agent's event loop, and the task feeding it.
 
 Started after the gRPC server binds and stopped last, so Prometheus can still
 scrape while caps are restored. A port that cannot be bound fails the start.
+
+The endpoint is :mod:`server.tinyhttp`'s one-path server, the one the
+readiness shim serves its probe with: ``GET`` and ``HEAD /metrics`` (any query
+ignored) get the registry in the format the ``Accept`` header asks for (text
+or OpenMetrics), any other path 404, any other method 405. prometheus_client's
+own server gave every connection a thread for as long as the client kept it
+open, with no timeout or limit, and answered every path (1,122 idle
+connections: 1,133 threads and 31 MiB). Here a connection is a coroutine with
+a deadline for its request (5 s) and for its answer, at most 256 are waiting
+for their request at once (the oldest is dropped to make room), and each
+response closes its connection.
+
+The registry is rendered in a worker thread, one render at a time, which
+every scrape waiting meanwhile shares: a node's series take milliseconds to
+render, and neither a scrape nor a flood of them may hold the loop that
+serves the streams (a flood costs one thread's share of the interpreter).
 """
 
 from __future__ import annotations
@@ -9,63 +25,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
-import threading
 from collections.abc import Callable
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from server.metrics import Metrics
 from server.serving import ServeError
+from server.tinyhttp import HEAD_TIMEOUT_S, MAX_CONNECTIONS, OnePathServer, Request, Response
 
 log = logging.getLogger(__name__)
 
 TASK_NAME = "capwatch-metrics"
-SHUTDOWN_POLL_S = 0.05  # how often the HTTP thread checks for a stop request
+PATH = "/metrics"
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """No access log: Prometheus scrapes every few seconds, forever."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _HttpServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a stuck scraper must not hold the process at exit
-    # An address in use must fail the start, not be shared with another process.
-    allow_reuse_port = False
-
-
-def _serve(
-    registry: CollectorRegistry, address: str, port: int
-) -> tuple[WSGIServer, threading.Thread]:
-    """prometheus_client's start_http_server, with a quick shutdown and a named thread."""
-    family, _, _, _, sockaddr = socket.getaddrinfo(
+def _listening_socket(address: str, port: int) -> socket.socket:
+    """Bound and listening, as prometheus_client's server binds: the first address the
+    name resolves to (``::`` dual-stack, as the system makes it); no SO_REUSEPORT."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(
         address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-
-    class Server(_HttpServer):
-        address_family = family
-
-    httpd = make_server(
-        str(sockaddr[0]), port, make_wsgi_app(registry), Server, handler_class=_QuietHandler
-    )
-    thread = threading.Thread(
-        target=httpd.serve_forever,
-        kwargs={"poll_interval": SHUTDOWN_POLL_S},
-        name="capwatch-metrics-http",
-        daemon=True,
-    )
-    thread.start()
-    return httpd, thread
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class MetricsServer:
-    """/metrics over HTTP on its own thread, and the task that keeps the registry current."""
+    """/metrics over HTTP on the event loop, and the task that keeps the registry current."""
 
     def __init__(
         self,
@@ -74,21 +70,31 @@ class MetricsServer:
         address: str,
         port: int,
         on_fatal: Callable[[], None] = lambda: None,
+        max_connections: int = MAX_CONNECTIONS,
+        head_timeout_s: float = HEAD_TIMEOUT_S,
     ) -> None:
         self.metrics = metrics
         self._address = address
         self._port = port  # 0: any free port (tests); the command line maps 0 to "off"
         self._on_fatal = on_fatal
-        self._httpd: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self.http = OnePathServer(
+            PATH,
+            self._respond,
+            host=address,
+            port=port,
+            max_connections=max_connections,
+            head_timeout_s=head_timeout_s,
+            parse_headers=True,  # Accept chooses the format
+        )
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        # By format (text, OpenMetrics): the render in progress, shared by its waiters.
+        self._rendering: dict[Callable[[CollectorRegistry], bytes], asyncio.Future[bytes]] = {}
 
     @property
     def port(self) -> int:
         """The bound port (0 resolved); only after :meth:`start`."""
-        assert self._httpd is not None
-        return int(self._httpd.server_port)
+        return self.http.port
 
     @property
     def address(self) -> str:
@@ -98,17 +104,16 @@ class MetricsServer:
     async def start(self) -> None:
         """Bind and serve, then start following the hub. Raises ServeError."""
         try:
-            # Binding looks the host up (getaddrinfo, getfqdn): keep it off the loop.
-            self._httpd, self._thread = await asyncio.to_thread(
-                _serve, self.metrics.registry, self._address, self._port
-            )
+            # Binding looks the host up (getaddrinfo): keep it off the loop.
+            sock = await asyncio.to_thread(_listening_socket, self._address, self._port)
         except OSError as exc:
             shown = f"[{self._address}]" if ":" in self._address else self._address
-            reason = exc.strerror or str(exc)
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise ServeError(f"cannot serve metrics on {shown}:{self._port}: {reason}") from exc
+        await self.http.start(sock=sock)
         self._task = asyncio.create_task(self.metrics.follow(), name=TASK_NAME)
         self._task.add_done_callback(self._supervise)
-        log.info("metrics serving address=%s path=/metrics", self.address)
+        log.info("metrics serving address=%s path=%s", self.address, PATH)
 
     async def stop(self) -> None:
         """Stop following and serving; safe to call once, after a successful start."""
@@ -117,15 +122,21 @@ class MetricsServer:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._httpd is not None:
-            await asyncio.to_thread(self._shutdown, self._httpd)
+        await self.http.stop()
         log.info("metrics stopped")
 
-    def _shutdown(self, httpd: WSGIServer) -> None:
-        httpd.shutdown()  # waits for serve_forever's next poll
-        httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    async def _respond(self, request: Request) -> Response:
+        encode, content_type = choose_encoder(request.header("accept"))
+        return Response(status=200, body=await self._render(encode), content_type=content_type)
+
+    async def _render(self, encode: Callable[[CollectorRegistry], bytes]) -> bytes:
+        rendering = self._rendering.get(encode)
+        if rendering is None:
+            rendering = asyncio.ensure_future(asyncio.to_thread(encode, self.metrics.registry))
+            self._rendering[encode] = rendering
+            rendering.add_done_callback(lambda _: self._rendering.pop(encode, None))
+        # Shielded: a scraper that hangs up does not cancel the others' render.
+        return await asyncio.shield(rendering)
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
         # The task ends by itself only when the hub releases its readers (the

@@ -51,6 +51,8 @@ async def run_agent(
         namer=server_settings.device_namer(),
         pool_name=server_settings.dra_pool_name or agent.node_name,
         max_subscribers=server_settings.max_subscribers,
+        reserved_local=server_settings.reserved_local_subscribers,
+        max_per_peer=server_settings.max_streams_per_peer,
     )
     server = AgentServer(settings=server_settings, publication=publication, on_fatal=stop.set)
     metrics = None
@@ -59,6 +61,7 @@ async def run_agent(
             metrics=Metrics(
                 publication=publication,
                 certificate_reloads=server.certificate_reloads,
+                malformed_requests=server.malformed_requests,
                 pod_events=lambda: None if agent.pod_events is None else agent.pod_events.counts(),
             ),
             address=server_settings.metrics_address,

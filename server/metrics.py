@@ -142,6 +142,7 @@ class Metrics:
         version: str | None = None,
         certificate_reloads: Callable[[], Reloads | None] = lambda: None,
         pod_events: Callable[[], EventCounts | None] = lambda: None,
+        malformed_requests: Callable[[], int] = lambda: 0,
     ) -> None:
         # _created series double the count of every counter for nothing a
         # dashboard uses; the switch is process-wide, and this process is ours.
@@ -225,6 +226,7 @@ class Metrics:
                 caps=lambda: self._caps,
                 certificate_reloads=certificate_reloads,
                 pod_events=pod_events,
+                malformed_requests=malformed_requests,
                 info={
                     "version": version or package_version(),
                     "node": publication.node_name,
@@ -297,7 +299,7 @@ class Metrics:
 
 
 class _ScrapeCollector(Collector):
-    """Series computed at scrape time, on the HTTP server's thread."""
+    """Series computed at scrape time (on the event loop, like the fold)."""
 
     def __init__(
         self,
@@ -306,12 +308,14 @@ class _ScrapeCollector(Collector):
         caps: Callable[[], Mapping[int, GpuCaps]],
         certificate_reloads: Callable[[], Reloads | None],
         pod_events: Callable[[], EventCounts | None],
+        malformed_requests: Callable[[], int],
         info: dict[str, str],
     ) -> None:
         self._pub = publication
         self._caps = caps
         self._certificate_reloads = certificate_reloads
         self._pod_events = pod_events
+        self._malformed_requests = malformed_requests
         self._info = info
 
     def describe(self) -> Iterable[Metric]:
@@ -333,6 +337,16 @@ class _ScrapeCollector(Collector):
         messages = CounterMetricFamily(
             "capwatch_stream_messages", "Messages sent on the health streams."
         )
+        refusals = CounterMetricFamily(
+            "capwatch_stream_refusals",
+            "Streams refused a slot (RESOURCE_EXHAUSTED): every slot open to the client "
+            "taken (subscriber_limit), or its address holding its most (peer_limit).",
+            labels=["reason"],
+        )
+        malformed = CounterMetricFamily(
+            "capwatch_grpc_malformed_requests",
+            "gRPC requests refused with INVALID_ARGUMENT because their bytes did not parse.",
+        )
         labels = ["gpu", "uuid"]
         resolved = GaugeMetricFamily(
             "capwatch_gpu_resolved_cap_watts",
@@ -344,7 +358,17 @@ class _ScrapeCollector(Collector):
             "Cap last written to the GPU (NaN while capwatch holds none).",
             labels=labels,
         )
-        families: list[Metric] = [info, age, ready, subscribers, messages, resolved, applied]
+        families: list[Metric] = [
+            info,
+            age,
+            ready,
+            subscribers,
+            messages,
+            refusals,
+            malformed,
+            resolved,
+            applied,
+        ]
         # Only when on: renewals on a plaintext port, or Events never posted, would
         # mean nothing.
         families += _optional_counter(
@@ -373,6 +397,9 @@ class _ScrapeCollector(Collector):
         ready.add_metric([], 1.0 if readiness.ready else 0.0)
         subscribers.add_metric([], float(self._pub.subscribers))
         messages.add_metric([], float(self._pub.messages_sent))
+        for reason, count in self._pub.admission.refusals.items():
+            refusals.add_metric([reason.value], float(count))
+        malformed.add_metric([], float(self._malformed_requests()))
         for index, caps in sorted(self._caps().items()):
             values = [str(index), caps.uuid or ""]
             resolved.add_metric(values, _watts(caps.resolved_watts))

@@ -1,13 +1,14 @@
 """What every stream needs to know about the agent it publishes, in one place.
 
 The servicers (capwatch.v1, the DRA mirrors, grpc health) read the hub through
-a :class:`Publication`, which also counts subscribers so the limit holds across
-all streaming services together.
+a :class:`Publication`, which also admits subscribers so the limits hold across
+all streaming services together (the rules: :mod:`server.admission`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +17,13 @@ import grpc
 from agent.clock import Clock
 from agent.hub import Hub, HubState
 from agent.readiness import Readiness
+from server.admission import Admission, Refusal, Slot, StreamLimits, peer_address
 from server.gen.capwatch.v1 import node_health_pb2 as pb
+from server.logs import ThrottledLog
 from server.mapping import DeviceNamer, Include
 from server.mapping import snapshot as snapshot_message
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +42,10 @@ class View:
 
 
 class Publication:
+    """The hub as the servicers see it. Without ``reserved_local`` and ``max_per_peer``
+    there is no local reserve and no limit per address (the command line's defaults set
+    both; see :mod:`server.settings`)."""
+
     def __init__(
         self,
         *,
@@ -47,6 +56,8 @@ class Publication:
         namer: DeviceNamer,
         pool_name: str,
         max_subscribers: int,
+        reserved_local: int = 0,
+        max_per_peer: int | None = None,
     ) -> None:
         self.hub = hub
         self.clock = clock
@@ -54,10 +65,20 @@ class Publication:
         self.interval_s = interval_s
         self.namer = namer
         self.pool_name = pool_name
-        self.max_subscribers = max_subscribers
-        self.subscribers = 0
+        self.admission = Admission(
+            StreamLimits(
+                max_subscribers=max_subscribers,
+                reserved_local=reserved_local,
+                max_per_peer=max_per_peer,
+            )
+        )
         self.messages_sent = 0
         self.stopping = asyncio.Event()
+        self._refusal_log = ThrottledLog(log)
+
+    @property
+    def subscribers(self) -> int:
+        return self.admission.subscribers
 
     @property
     def stale_after_s(self) -> float:
@@ -72,20 +93,24 @@ class Publication:
             now_wall=self.clock.wall(),
         )
 
-    async def admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> Slot:
         """Claim a subscriber slot, or end the call with the status that says why."""
-        if not self.stopping.is_set() and self.subscribers < self.max_subscribers:
-            self.subscribers += 1
-            return
         if self.stopping.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "agent is shutting down")
-        await context.abort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"subscriber limit ({self.max_subscribers}) reached",
-        )
+        peer = context.peer()
+        claimed = self.admission.claim(peer_address(peer))
+        if isinstance(claimed, Refusal):
+            self._refused(peer, claimed)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, claimed.message)
+        return claimed
 
-    def unsubscribe(self) -> None:
-        self.subscribers -= 1
+    def unsubscribe(self, slot: Slot) -> None:
+        self.admission.release(slot)
+
+    def _refused(self, peer: str, refusal: Refusal) -> None:
+        self._refusal_log.warning(
+            "stream refused peer=%s reason=%s: %s", peer, refusal.reason.value, refusal.message
+        )
 
     def snapshot(
         self,

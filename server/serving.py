@@ -1,7 +1,8 @@
 """The agent's gRPC server: listeners, TLS, limits, services, and ordered shutdown.
 
 Services: capwatch.v1.NodeHealthService, the DRA resource-health mirrors
-(v1alpha1 and v1), grpc.health.v1 and server reflection.
+(v1alpha1 and v1), grpc.health.v1 and server reflection; every method behind
+the interceptor that refuses malformed requests (server/malformed.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from server.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
 from server.health import ListingHealthServicer, track_readiness
+from server.malformed import MalformedRequests
 from server.publication import Publication
 from server.settings import Listener, ServerSettings, host_port
 from server.watching import NodeHealthServicer
@@ -109,7 +111,8 @@ class AgentServer:
         self._on_fatal = on_fatal  # a supervised task died: the process must stop
         self._settings = settings
         self._pub = publication
-        self._server = grpc.aio.server(options=OPTIONS)
+        self._malformed = MalformedRequests()
+        self._server = grpc.aio.server(interceptors=(self._malformed,), options=OPTIONS)
         self._health = ListingHealthServicer()
         self._tracker: asyncio.Task[None] | None = None
         self._sockets: list[Path] = []
@@ -126,6 +129,10 @@ class AgentServer:
     @property
     def publication(self) -> Publication:
         return self._pub
+
+    def malformed_requests(self) -> int:
+        """Requests refused because their bytes did not parse."""
+        return self._malformed.count
 
     def certificate_reloads(self) -> Reloads | None:
         """TLS renewals taken up and refused; None without TLS."""

@@ -20,6 +20,8 @@ DEFAULT_SOCKET = Path("/run/capwatch/agent.sock")
 DEFAULT_LISTEN = (f"unix://{DEFAULT_SOCKET}", "0.0.0.0:50051")
 DEFAULT_DEVICE_NAME = "gpu-{index}"
 MAX_SUBSCRIBERS = 20_000
+DEFAULT_RESERVED_LOCAL = 16  # the shim needs one; the rest for DRA clients and operators
+DEFAULT_MAX_PER_PEER = 64  # a few controllers and dashboards per address, with room
 DEFAULT_METRICS_PORT = 9400
 # Prometheus scrapes from another pod, so the default is every interface.
 DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # noqa: S104
@@ -56,6 +58,9 @@ class ServerSettings:
     dra_device_name: str  # template with {index} and/or {uuid}
     max_subscribers: int
     grace_s: float  # for in-flight RPCs at shutdown
+    # Of max_subscribers, slots only unix-socket clients may take (server/admission.py).
+    reserved_local_subscribers: int = DEFAULT_RESERVED_LOCAL
+    max_streams_per_peer: int = DEFAULT_MAX_PER_PEER  # per TCP client address
     metrics_port: int | None = None  # None: no metrics endpoint (--metrics-port 0)
     metrics_address: str = DEFAULT_METRICS_ADDRESS
 
@@ -117,6 +122,12 @@ def _pool_name(flag: str, text: str) -> str | None:
 def _subscribers(flag: str, text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= MAX_SUBSCRIBERS:
         raise ConfigError(flag, f"must be an integer from 1 to {MAX_SUBSCRIBERS}, got {text!r}")
+    return int(text)
+
+
+def _reserved(flag: str, text: str) -> int:
+    if not text.isdigit() or int(text) >= MAX_SUBSCRIBERS:
+        raise ConfigError(flag, f"must be an integer from 0 to {MAX_SUBSCRIBERS - 1}, got {text!r}")
     return int(text)
 
 
@@ -219,6 +230,20 @@ _OPTIONS = (
         help="concurrent Watch and NodeWatchResources streams; more get RESOURCE_EXHAUSTED",
     ),
     Option(
+        flag="--grpc-reserved-local-subscribers",
+        env="CAPWATCH_GRPC_RESERVED_LOCAL_SUBSCRIBERS",
+        default=str(DEFAULT_RESERVED_LOCAL),
+        convert=_reserved,
+        help="of --grpc-max-subscribers, slots kept for unix-socket clients (the readiness shim)",
+    ),
+    Option(
+        flag="--grpc-max-streams-per-peer",
+        env="CAPWATCH_GRPC_MAX_STREAMS_PER_PEER",
+        default=str(DEFAULT_MAX_PER_PEER),
+        convert=_subscribers,
+        help="streams one TCP client address may hold; more get RESOURCE_EXHAUSTED",
+    ),
+    Option(
         flag="--grpc-grace",
         env="CAPWATCH_GRPC_GRACE",
         default="5",
@@ -274,14 +299,25 @@ def server_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -
             if path is not None and not path.is_file():
                 raise ConfigError(flag, f"{path} is not a readable file")
         tls = TlsFiles(cert=cert, key=key, client_ca=client_ca)
+    max_subscribers, reserved = (
+        values["grpc_max_subscribers"],
+        values["grpc_reserved_local_subscribers"],
+    )
+    if reserved >= max_subscribers:
+        raise ConfigError(
+            "--grpc-reserved-local-subscribers",
+            f"must be less than --grpc-max-subscribers ({max_subscribers}), got {reserved}",
+        )
     return ServerSettings(
         listeners=listeners,
         tls=tls,
         socket_group=values["grpc_socket_group"],
         dra_pool_name=values["dra_pool_name"],
         dra_device_name=values["dra_device_name"],
-        max_subscribers=values["grpc_max_subscribers"],
+        max_subscribers=max_subscribers,
         grace_s=values["grpc_grace"],
+        reserved_local_subscribers=reserved,
+        max_streams_per_peer=values["grpc_max_streams_per_peer"],
         metrics_port=values["metrics_port"],
         metrics_address=values["metrics_address"],
     )

@@ -67,20 +67,22 @@ class NodeHealthServicer:
         # Zero, sent or not, means the agent's default (the proto says so; a JSON
         # client sending "0s" sets the field).
         if requested.seconds or requested.nanos:
-            heartbeat_s = requested.ToTimedelta().total_seconds()
+            # Not ToTimedelta(): the wire allows any int64 of seconds, more than
+            # a timedelta holds (OverflowError).
+            heartbeat_s = requested.seconds + requested.nanos / 1e9
             if not MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S:
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    f"heartbeat_interval must be between {MIN_HEARTBEAT_S}s and "
+                    f"heartbeat_interval must be between {MIN_HEARTBEAT_S:g}s and "
                     f"{MAX_HEARTBEAT_S:g}s",
                 )
-        await self._pub.admit(context)
+        slot = await self._pub.admit(context)
         try:
             async for message in self._stream(request, include, heartbeat_s):
                 self._pub.messages_sent += 1
                 yield message
         finally:
-            self._pub.unsubscribe()
+            self._pub.unsubscribe(slot)
 
     async def _stream(
         self, request: pb.WatchRequest, include: Include | None, heartbeat_s: float

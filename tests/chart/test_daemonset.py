@@ -210,6 +210,8 @@ def test_rendered_agent_flags_are_accepted_by_the_real_cli(default: Manifests) -
     assert str(settings.proc_root) == "/proc"
     assert [listener.address for listener in serving.listeners] == [SOCKET, "0.0.0.0:50051"]
     assert serving.socket_group == "2000"
+    assert (serving.max_subscribers, serving.reserved_local_subscribers) == (10000, 16)
+    assert serving.max_streams_per_peer == 64
     assert serving.metrics_port == 9400
     assert serving.dra_pool_name is None
     assert serving.dra_device_name == "gpu-{index}"

@@ -25,6 +25,8 @@ GRACE_MESSAGE = "terminationGracePeriodSeconds must be at least 60, got 30"
         (("--set-string", "metrics.port=9400"), "/metrics/port"),
         (("--set", "terminationGracePeriodSeconds=30"), "/terminationGracePeriodSeconds"),
         (("--set", "grpc.socketGroup=0"), "/grpc/socketGroup"),
+        (("--set", "grpc.reservedLocalSubscribers=-1"), "/grpc/reservedLocalSubscribers"),
+        (("--set", "grpc.maxStreamsPerPeer=0"), "/grpc/maxStreamsPerPeer"),
         (("--set", "agent.logFormat=xml"), "/agent/logFormat"),
         (("--set", "agent.interval=0"), "/agent/interval"),
         (("--set", "dra.deviceName=gpu"), "/dra/deviceName"),
@@ -69,6 +71,10 @@ def test_longer_grace_period_is_honoured(helm: Helm) -> None:
             "agent.shutdownGraceSeconds + grpc.graceSeconds (61) must be less than "
             "terminationGracePeriodSeconds (60)",
         ),
+        (
+            ("--set", "grpc.maxSubscribers=16"),
+            "grpc.reservedLocalSubscribers (16) must be less than grpc.maxSubscribers (16)",
+        ),
         (("--set", "metrics.port=50051"), "must all differ"),
         (("--set", "grpc.port=8081"), "must all differ"),
         (
@@ -88,7 +94,8 @@ def test_inconsistent_values_fail_rendering(
 
 
 def test_values_reach_the_agent_flags(helm: Helm) -> None:
-    """Interval, watts, annotation key, DRA names, ports and group reach flags and ports."""
+    """Interval, watts, annotation key, DRA names, ports, group and stream limits reach
+    flags and ports."""
     manifests = helm.render(
         "--set-json", "agent.interval=2.5",
         "--set", "agent.safeDefaultWatts=250",
@@ -98,6 +105,8 @@ def test_values_reach_the_agent_flags(helm: Helm) -> None:
         "--set", "grpc.port=50100",
         "--set", "grpc.socketGroup=3000",
         "--set", "metrics.port=9500",
+        "--set", "grpc.reservedLocalSubscribers=4",
+        "--set", "grpc.maxStreamsPerPeer=500",
         "--set", "agent.extraArgs={--log-level=debug}",
     )  # fmt: skip
     agent = manifests.container("agent")
@@ -110,6 +119,8 @@ def test_values_reach_the_agent_flags(helm: Helm) -> None:
         "--grpc-listen=0.0.0.0:50100",
         "--grpc-socket-group=3000",
         "--metrics-port=9500",
+        "--grpc-reserved-local-subscribers=4",
+        "--grpc-max-streams-per-peer=500",
     ):
         assert flag in agent["args"]
     assert agent["args"][-1] == "--log-level=debug"

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from agent.clock import FakeClock
+from agent.errors import ConfigError
 from server.client import (
     Backoff,
     ClientError,
@@ -76,7 +77,7 @@ class TopOfRange(random.Random):
 
 async def test_events_in_order(harness: ServerHarness):
     """Snapshot (not a resync), cycles 1 and 2 in order, then a heartbeat naming cycle 2."""
-    async with NodeHealthClient(target=harness.target, heartbeat_interval=0.1) as client:
+    async with NodeHealthClient(target=harness.target, heartbeat_interval=1) as client:
         events = client.events()
         first = await anext(events)
         assert isinstance(first, Snapshot)
@@ -383,3 +384,13 @@ async def test_unix_socket_target(servers: list[ServerHarness], tmp_path):
         assert isinstance(first, Snapshot)
         assert first.snapshot.node_name == "node-under-test"
         await events.aclose()
+
+
+@pytest.mark.parametrize("heartbeat_s", [0.5, 3601.0])
+async def test_heartbeats_the_agent_would_refuse_are_refused_before_connecting(
+    heartbeat_s: float,
+) -> None:
+    """The client library holds heartbeats to the agent's own limits (1 s to 1 h): a value
+    the agent answers with INVALID_ARGUMENT is a configuration error here, at once."""
+    with pytest.raises(ConfigError, match=r"heartbeat_interval: must be between 1\.0s and 3600s"):
+        NodeHealthClient(target="127.0.0.1:1", heartbeat_interval=heartbeat_s)

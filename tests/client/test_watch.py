@@ -50,7 +50,7 @@ async def test_json_count_prints_that_many_json_lines(harness: ServerHarness, ca
     """--json --count 3: exactly three lines, each a WatchResponse as JSON, snapshot first."""
     harness.publish()
     rc, out, err = await capwatch_watch(
-        capsys, "--target", harness.target, "--json", "--count", "3", "--heartbeat", "0.1"
+        capsys, "--target", harness.target, "--json", "--count", "3", "--heartbeat", "1"
     )
     assert (rc, err) == (0, "")
     lines = out.splitlines()
@@ -346,7 +346,7 @@ async def test_an_unknown_gpu_is_an_error(harness: ServerHarness, gpus: list[str
         (["--count", "x"], {}, "--count: must be a positive integer"),
         ([], {"CAPWATCH_WATCH_COUNT": "-1"}, "--count (from $CAPWATCH_WATCH_COUNT): must be"),
         (["--since", "-3"], {}, "--since: must be a cycle sequence number"),
-        (["--heartbeat", "0"], {}, "--heartbeat: must be between 0.05 and 3600"),
+        (["--heartbeat", "0"], {}, "--heartbeat: must be between 1.0 and 3600"),
         (["--heartbeat", "soon"], {}, "--heartbeat: not a number"),
         (["--target", "localhost"], {}, "--target: expected unix:///path or host:port"),
         (["--target", "unix://relative"], {}, "--target: unix socket path must be absolute"),

@@ -137,7 +137,8 @@ def running_agent(
     tmp_path: Path, args: Sequence[str] = (), env: Mapping[str, str] | None = None
 ) -> Iterator[AgentProcess]:
     """``capwatch agent`` on simulated GPUs (0.2 s interval), stopped with SIGTERM after."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("CAPWATCH_")}
+    # Neither capwatch's settings nor grpc's (this process's) leak into the agent under test.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("CAPWATCH_", "GRPC_"))}
     environ.update(env or {})
     proc = subprocess.Popen(
         [

@@ -1,4 +1,5 @@
-"""The metrics endpoint: flags, serving, `--metrics-port 0`, and a port in use at start."""
+"""The metrics endpoint: flags, serving, `--metrics-port 0`, a port in use at start, and
+clients that would hold threads, probe other paths or flood it with scrapes."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import asyncio
 import json
 import logging
 import socket
+import threading
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from capwatch.cli import main
 from server.exposition import MetricsServer
@@ -168,3 +172,126 @@ def test_metrics_port_in_use_is_fatal_at_start(tmp_path: Path, capsys):
     assert not (tmp_path / "agent.sock").exists()  # the gRPC server bound it, then let go
     record = state / "ownership.json"
     assert not record.exists() or json.loads(record.read_text())["gpus"] == {}  # no cycle ran
+
+
+async def http(port: int, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One request on its own connection: status, headers (lower-cased), body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    await writer.drain()
+    async with asyncio.timeout(5):
+        data = await reader.read()
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split(" ")[1]), headers, body
+
+
+def request_for(path: str, method: str = "GET") -> bytes:
+    return f"{method} {path} HTTP/1.1\r\nHost: agent\r\n\r\n".encode()
+
+
+@pytest.mark.asyncio
+async def test_only_get_and_head_on_metrics_are_answered():
+    """GET /metrics (a query is ignored) and HEAD get the registry (HEAD without a body but
+    with its length); any other path is 404, any other method 405."""
+    harness: ServerHarness = await start_harness()
+    server = MetricsServer(
+        metrics=Metrics(publication=harness.publication), address="127.0.0.1", port=0
+    )
+    await server.start()
+    try:
+        status, headers, body = await http(server.port, request_for("/metrics"))
+        assert status == 200
+        assert headers["content-type"].startswith("text/plain; version=0.0.4")
+        assert b"# TYPE capwatch_cycles_total counter" in body
+        assert (await http(server.port, request_for("/metrics?name[]=capwatch_ready")))[0] == 200
+        status, headers, body = await http(server.port, request_for("/metrics", "HEAD"))
+        assert (status, body) == (200, b"")
+        assert int(headers["content-length"]) > 1000
+        for path in ("/", "/favicon.ico", "/metrics/", "/readyz", "/metricsx"):
+            assert (await http(server.port, request_for(path)))[0] == 404, path
+        for method in ("POST", "PUT", "DELETE"):
+            status, headers, _ = await http(server.port, request_for("/metrics", method))
+            assert (status, headers["allow"]) == (405, "GET, HEAD"), method
+    finally:
+        await server.stop()
+        await harness.server.stop()
+
+
+@pytest.mark.asyncio
+async def test_idle_connections_cost_no_thread_are_capped_and_time_out():
+    """200 connections that never send a request start no thread; past the cap the oldest
+    silent ones are dropped, so a scrape is still answered; the rest are closed at the
+    request deadline, leaving nothing open."""
+    harness: ServerHarness = await start_harness()
+    server = MetricsServer(
+        metrics=Metrics(publication=harness.publication),
+        address="127.0.0.1",
+        port=0,
+        max_connections=32,
+        head_timeout_s=3.0,
+    )
+    await server.start()
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        threads = threading.active_count()
+        for _ in range(200):
+            idle.append(await asyncio.open_connection("127.0.0.1", server.port))
+        await eventually(lambda: server.http.connections == 32)
+        assert threading.active_count() <= threads  # was a thread per connection
+        assert (await http(server.port, request_for("/metrics")))[0] == 200
+        async with asyncio.timeout(15):  # the deadline closes whatever was not evicted
+            for reader, _ in idle:
+                assert await reader.read() == b""
+        await eventually(lambda: server.http.connections == 0)
+    finally:
+        for _, writer in idle:
+            writer.close()
+        await server.stop()
+        await harness.server.stop()
+
+
+class BlockingCollector(Collector):
+    """A collector that holds every render until released, and counts renders."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.renders = 0
+
+    def collect(self) -> Iterable[Metric]:
+        self.renders += 1
+        self.release.wait(timeout=10)
+        return []
+
+
+@pytest.mark.asyncio
+async def test_scrapes_render_off_the_loop_and_share_one_render():
+    """While a render is held up in its worker thread, the event loop goes on (a readiness
+    probe is served), and 20 scrapes arriving meanwhile all get that one render."""
+    harness: ServerHarness = await start_harness()
+    metrics = Metrics(publication=harness.publication)
+    blocking = BlockingCollector()
+    metrics.registry.register(blocking)
+    server = MetricsServer(metrics=metrics, address="127.0.0.1", port=0)
+    await server.start()
+    try:
+        scrapes = [
+            asyncio.create_task(http(server.port, request_for("/metrics"))) for _ in range(20)
+        ]
+        # Every scrape has sent its request and waits for its answer; the render has begun.
+        await eventually(
+            lambda: (server.http.connections, server.http.reading, blocking.renders) == (20, 0, 1),
+            timeout=10,
+        )
+        assert (await http(server.port, request_for("/nowhere")))[0] == 404  # the loop is free
+        blocking.release.set()
+        answers = await asyncio.gather(*scrapes)
+        assert {status for status, _, _ in answers} == {200}
+        assert len({body for _, _, body in answers}) == 1
+        assert blocking.renders == 1
+    finally:
+        blocking.release.set()
+        await server.stop()
+        await harness.server.stop()

@@ -156,6 +156,8 @@ async def start_harness(
         namer=settings.device_namer(),
         pool_name=settings.dra_pool_name or NODE,
         max_subscribers=settings.max_subscribers,
+        reserved_local=settings.reserved_local_subscribers,
+        max_per_peer=settings.max_streams_per_peer,
     )
     server = AgentServer(settings=settings, publication=publication)
     await server.start()

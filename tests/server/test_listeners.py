@@ -155,6 +155,10 @@ def parse(values: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
     return server_settings(argparse.Namespace(**namespace), environ or {})
 
 
+RESERVED = "--grpc-reserved-local-subscribers"
+PER_PEER = "--grpc-max-streams-per-peer"
+
+
 def _bad_settings() -> list[Any]:
     listen = "--grpc-listen"
     cases: list[tuple[str, dict[str, Any], str]] = [
@@ -184,6 +188,17 @@ def _bad_settings() -> list[Any]:
         ("subscribers-word", {"grpc_max_subscribers": "many"}, "--grpc-max-subscribers"),
         ("subscribers-fraction", {"grpc_max_subscribers": "1.5"}, "--grpc-max-subscribers"),
         ("subscribers-too-many", {"grpc_max_subscribers": "20001"}, "--grpc-max-subscribers"),
+        ("reserved-negative", {"grpc_reserved_local_subscribers": "-1"}, RESERVED),
+        ("reserved-word", {"grpc_reserved_local_subscribers": "some"}, RESERVED),
+        (
+            "reserved-all",
+            {"grpc_max_subscribers": "16", "grpc_reserved_local_subscribers": "16"},
+            RESERVED,
+        ),
+        ("reserved-default-over-max", {"grpc_max_subscribers": "8"}, RESERVED),
+        ("per-peer-zero", {"grpc_max_streams_per_peer": "0"}, PER_PEER),
+        ("per-peer-word", {"grpc_max_streams_per_peer": "lots"}, PER_PEER),
+        ("per-peer-too-many", {"grpc_max_streams_per_peer": "20001"}, PER_PEER),
         ("grace-word", {"grpc_grace": "soon"}, "--grpc-grace"),
         ("grace-negative", {"grpc_grace": "-1"}, "--grpc-grace"),
         ("grace-nan", {"grpc_grace": "nan"}, "--grpc-grace"),
@@ -266,12 +281,25 @@ def test_tls_settings_are_built_from_good_flags(pem_files: dict[str, str]) -> No
     [
         {"grpc_listen": ["unix:///run/capwatch/agent.sock", "[::1]:50051", ":50051"]},
         {"dra_pool_name": "node-1.example.com"},
-        {"grpc_max_subscribers": "1"},
+        {"grpc_max_subscribers": "1", "grpc_reserved_local_subscribers": "0"},
         {"grpc_max_subscribers": "20000"},
+        {"grpc_max_subscribers": "17"},  # the default reserve (16) leaves TCP one slot
+        {"grpc_max_streams_per_peer": "1"},
+        {"grpc_max_streams_per_peer": "20000"},
         {"grpc_socket_group": "1000"},
         {"grpc_grace": "0"},
     ],
-    ids=["listeners", "pool", "one-subscriber", "most-subscribers", "gid", "no-grace"],
+    ids=[
+        "listeners",
+        "pool",
+        "one-subscriber",
+        "most-subscribers",
+        "reserve-leaves-one",
+        "one-per-peer",
+        "most-per-peer",
+        "gid",
+        "no-grace",
+    ],
 )
 def test_good_server_flags_are_accepted(values: dict[str, Any]) -> None:
     """Valid values parse: IPv6 and any-host listeners, DNS pool names, the bounds themselves."""
@@ -299,3 +327,18 @@ def test_env_twin_errors_name_the_variable() -> None:
     with pytest.raises(ConfigError) as caught:
         parse({}, {"CAPWATCH_GRPC_MAX_SUBSCRIBERS": "0"})
     assert caught.value.option == "--grpc-max-subscribers (from $CAPWATCH_GRPC_MAX_SUBSCRIBERS)"
+
+
+def test_stream_limits_default_to_a_local_reserve_and_a_limit_per_address() -> None:
+    """By default 16 of the subscriber slots are kept for the unix socket and one TCP
+    address holds at most 64 streams; the flags and their twins change both."""
+    default = parse({})
+    assert (default.reserved_local_subscribers, default.max_streams_per_peer) == (16, 64)
+    chosen = parse(
+        {"grpc_reserved_local_subscribers": "0"},
+        {
+            "CAPWATCH_GRPC_MAX_STREAMS_PER_PEER": "500",
+            "CAPWATCH_GRPC_RESERVED_LOCAL_SUBSCRIBERS": "9",  # the flag wins
+        },
+    )
+    assert (chosen.reserved_local_subscribers, chosen.max_streams_per_peer) == (0, 500)

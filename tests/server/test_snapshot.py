@@ -106,7 +106,8 @@ async def test_a_quiet_agent_turns_stale_everywhere() -> None:
     """Interval 0.1 s: 0.3 s with no cycle is STALE in GetSnapshot and heartbeats; GPUs UNKNOWN."""
     async with running(interval_s=0.1) as harness, harness.channel() as channel:
         stub = pb_grpc.NodeHealthServiceStub(channel)
-        stream = stub.Watch(pb.WatchRequest(heartbeat_interval=Duration(nanos=100_000_000)))
+        # The agent's default heartbeat (1.5 x interval), below what a client may ask for.
+        stream = stub.Watch(pb.WatchRequest())
         await next_event(stream, "snapshot")
         harness.publish()
         cycle = await next_event(stream, "cycle")

@@ -65,6 +65,9 @@ also hold under --skip-schema-validation, and cover rules across several keys.
 {{- if and .Values.grpc.tls.clientCA.secretName (not .Values.grpc.tls.secretName) }}
 {{- fail "grpc.tls.clientCA.secretName needs grpc.tls.secretName: mutual TLS is TLS with client certificates, and the agent has no certificate of its own to serve" }}
 {{- end }}
+{{- if ge (int .Values.grpc.reservedLocalSubscribers) (int .Values.grpc.maxSubscribers) }}
+{{- fail (printf "grpc.reservedLocalSubscribers (%d) must be less than grpc.maxSubscribers (%d): TCP clients would get no slot at all" (int .Values.grpc.reservedLocalSubscribers) (int .Values.grpc.maxSubscribers)) }}
+{{- end }}
 {{- if or (eq (int .Values.metrics.port) (int .Values.grpc.port)) (eq (int .Values.metrics.port) 8081) (eq (int .Values.grpc.port) 8081) }}
 {{- fail (printf "grpc.port (%d), metrics.port (%d) and the readiness port 8081 must all differ" (int .Values.grpc.port) (int .Values.metrics.port)) }}
 {{- end }}
