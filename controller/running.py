@@ -40,6 +40,7 @@ from controller.sharding import shard_of
 from controller.tracking import NodeTracker
 from controller.writing import ConditionWriter, NodeCondition
 from server.client import NodeHealthClient
+from server.exposition import RegistryServer
 from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from server.metrics import package_version
 from server.readyz import Answer, ReadyzServer
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 EXIT_OK, EXIT_FAILED = 0, 1
 # Discovery trusts the API server's list+watch as the agent's pod view does.
 DISCOVERY_POLICY = WatchPolicy(stale_after=60.0)
+METRICS_ADDRESS = "0.0.0.0"  # noqa: S104 - Prometheus scrapes from another pod
 
 
 class _ShardSink:
@@ -317,11 +319,20 @@ class _Running:
                 port=settings.probe_port,
                 extra_routes={"/healthz": lambda: Answer(status=200, body="ok\n")},
             )
+        self.metrics_http = None
+        if settings.metrics_port is not None:
+            self.metrics_http = RegistryServer(
+                registry=controller.metrics.registry,
+                address=METRICS_ADDRESS,
+                port=settings.metrics_port,
+            )
         self._elector_task: asyncio.Task[None] | None = None
 
     async def bind(self) -> None:
         """Every port, before anything is followed: a taken port is fatal here."""
         await self.server.start()
+        if self.metrics_http is not None:
+            await self.metrics_http.start()
         if self.probes is not None:
             try:
                 await self.probes.start()
@@ -377,3 +388,5 @@ class _Running:
         await self.server.stop()
         for close in self.controller.closers:
             close()
+        if self.metrics_http is not None:
+            await self.metrics_http.stop()  # last: scraped while the controller stops

@@ -34,7 +34,7 @@ from prometheus_client.exposition import choose_encoder
 
 from server.metrics import Metrics
 from server.serving import ServeError
-from server.tinyhttp import HEAD_TIMEOUT_S, MAX_CONNECTIONS, OnePathServer, Request, Response
+from server.tinyhttp import HEAD_TIMEOUT_S, MAX_CONNECTIONS, PathServer, Request, Response
 
 log = logging.getLogger(__name__)
 
@@ -60,34 +60,29 @@ def _listening_socket(address: str, port: int) -> socket.socket:
     return sock
 
 
-class MetricsServer:
-    """/metrics over HTTP on the event loop, and the task that keeps the registry current."""
+class RegistryServer:
+    """``registry`` served on /metrics over HTTP on the event loop (any process's)."""
 
     def __init__(
         self,
         *,
-        metrics: Metrics,
+        registry: CollectorRegistry,
         address: str,
         port: int,
-        on_fatal: Callable[[], None] = lambda: None,
         max_connections: int = MAX_CONNECTIONS,
         head_timeout_s: float = HEAD_TIMEOUT_S,
     ) -> None:
-        self.metrics = metrics
+        self.registry = registry
         self._address = address
         self._port = port  # 0: any free port (tests); the command line maps 0 to "off"
-        self._on_fatal = on_fatal
-        self.http = OnePathServer(
-            PATH,
-            self._respond,
+        self.http = PathServer(
+            {PATH: self._respond},
             host=address,
             port=port,
             max_connections=max_connections,
             head_timeout_s=head_timeout_s,
             parse_headers=True,  # Accept chooses the format
         )
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = False
         # By format (text, OpenMetrics): the render in progress, shared by its waiters.
         self._rendering: dict[Callable[[CollectorRegistry], bytes], asyncio.Future[bytes]] = {}
 
@@ -102,7 +97,7 @@ class MetricsServer:
         return f"{host}:{self.port}"
 
     async def start(self) -> None:
-        """Bind and serve, then start following the hub. Raises ServeError."""
+        """Bind and serve. Raises ServeError."""
         try:
             # Binding looks the host up (getaddrinfo): keep it off the loop.
             sock = await asyncio.to_thread(_listening_socket, self._address, self._port)
@@ -111,19 +106,10 @@ class MetricsServer:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise ServeError(f"cannot serve metrics on {shown}:{self._port}: {reason}") from exc
         await self.http.start(sock=sock)
-        self._task = asyncio.create_task(self.metrics.follow(), name=TASK_NAME)
-        self._task.add_done_callback(self._supervise)
         log.info("metrics serving address=%s path=%s", self.address, PATH)
 
     async def stop(self) -> None:
-        """Stop following and serving; safe to call once, after a successful start."""
-        self._stopping = True
-        if self._task is not None and not self._task.done():  # a dead one was logged already
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
         await self.http.stop()
-        log.info("metrics stopped")
 
     async def _respond(self, request: Request) -> Response:
         encode, content_type = choose_encoder(request.header("accept"))
@@ -132,11 +118,66 @@ class MetricsServer:
     async def _render(self, encode: Callable[[CollectorRegistry], bytes]) -> bytes:
         rendering = self._rendering.get(encode)
         if rendering is None:
-            rendering = asyncio.ensure_future(asyncio.to_thread(encode, self.metrics.registry))
+            rendering = asyncio.ensure_future(asyncio.to_thread(encode, self.registry))
             self._rendering[encode] = rendering
             rendering.add_done_callback(lambda _: self._rendering.pop(encode, None))
         # Shielded: a scraper that hangs up does not cancel the others' render.
         return await asyncio.shield(rendering)
+
+
+class MetricsServer:
+    """The agent's /metrics, and the task that keeps its registry current."""
+
+    def __init__(
+        self,
+        *,
+        metrics: Metrics,
+        address: str,
+        port: int,
+        on_fatal: Callable[[], None] = lambda: None,
+        max_connections: int = MAX_CONNECTIONS,
+        head_timeout_s: float = HEAD_TIMEOUT_S,
+    ) -> None:
+        self.metrics = metrics
+        self._on_fatal = on_fatal
+        self.endpoint = RegistryServer(
+            registry=metrics.registry,
+            address=address,
+            port=port,
+            max_connections=max_connections,
+            head_timeout_s=head_timeout_s,
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def http(self) -> PathServer:
+        return self.endpoint.http
+
+    @property
+    def port(self) -> int:
+        """The bound port (0 resolved); only after :meth:`start`."""
+        return self.endpoint.port
+
+    @property
+    def address(self) -> str:
+        return self.endpoint.address
+
+    async def start(self) -> None:
+        """Bind and serve, then start following the hub. Raises ServeError."""
+        await self.endpoint.start()
+        self._task = asyncio.create_task(self.metrics.follow(), name=TASK_NAME)
+        self._task.add_done_callback(self._supervise)
+
+    async def stop(self) -> None:
+        """Stop following and serving; safe to call once, after a successful start."""
+        self._stopping = True
+        if self._task is not None and not self._task.done():  # a dead one was logged already
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.endpoint.stop()
+        log.info("metrics stopped")
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
         # The task ends by itself only when the hub releases its readers (the

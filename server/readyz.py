@@ -7,10 +7,10 @@ answered) is :mod:`server.tinyhttp`'s, shared with the metrics endpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from server.tinyhttp import HEAD_TIMEOUT_S, MAX_CONNECTIONS, OnePathServer, Request, Response
+from server.tinyhttp import HEAD_TIMEOUT_S, MAX_CONNECTIONS, PathServer, Request, Response
 
 PATH = "/readyz"
 
@@ -21,8 +21,17 @@ class Answer:
     body: str
 
 
-class ReadyzServer(OnePathServer):
-    """Serves ``answer()`` on ``/readyz``. ``start`` raises OSError if the port is taken."""
+def _route(answer: Callable[[], Answer]) -> Callable[[Request], Awaitable[Response]]:
+    async def respond(request: Request) -> Response:
+        given = answer()
+        return Response(status=given.status, body=given.body.encode())
+
+    return respond
+
+
+class ReadyzServer(PathServer):
+    """Serves ``answer()`` on ``/readyz`` (and ``extra_routes``, for the controller's
+    ``/healthz``). ``start`` raises OSError if the port is taken."""
 
     def __init__(
         self,
@@ -32,14 +41,11 @@ class ReadyzServer(OnePathServer):
         port: int = 8081,
         max_connections: int = MAX_CONNECTIONS,
         head_timeout_s: float = HEAD_TIMEOUT_S,
+        extra_routes: Mapping[str, Callable[[], Answer]] | None = None,
     ) -> None:
-        async def respond(request: Request) -> Response:
-            given = answer()
-            return Response(status=given.status, body=given.body.encode())
-
+        routes = {PATH: answer, **(extra_routes or {})}
         super().__init__(
-            PATH,
-            respond,
+            {path: _route(given) for path, given in routes.items()},
             host=host,
             port=port,
             max_connections=max_connections,

@@ -1,7 +1,7 @@
-"""A tiny HTTP/1.1 server for one path, on the event loop, that no client can starve.
+"""A tiny HTTP/1.1 server for a few fixed paths, on the event loop, that no client can starve.
 
-Only what a probe or a scrape needs: ``GET``/``HEAD`` on the one path is
-answered by a coroutine; any other path is 404, any other method 405; every
+Only what a probe or a scrape needs: ``GET``/``HEAD`` on each path is
+answered by its coroutine; any other path is 404, any other method 405; every
 response closes the connection. No access log: a probe every 10 s would write
 ~8,600 lines a day per node.
 
@@ -59,14 +59,16 @@ class Response:
     content_type: str = TEXT
 
 
-class OnePathServer:
-    """Serves ``await respond(request)`` on ``path``. ``start`` raises OSError if the port
-    is taken."""
+Respond = Callable[[Request], Awaitable[Response]]
+
+
+class PathServer:
+    """Serves ``await routes[path](request)`` on each path. ``start`` raises OSError if the
+    port is taken."""
 
     def __init__(
         self,
-        path: str,
-        respond: Callable[[Request], Awaitable[Response]],
+        routes: Mapping[str, Respond],
         *,
         host: str,
         port: int,
@@ -74,8 +76,7 @@ class OnePathServer:
         head_timeout_s: float = HEAD_TIMEOUT_S,
         parse_headers: bool = False,  # a probe's answer needs none of them
     ) -> None:
-        self._path = path
-        self._respond = respond
+        self._routes = dict(routes)
         self._host, self._port = host, port
         self._max = max_connections
         self._head_timeout_s = head_timeout_s
@@ -166,7 +167,8 @@ class OnePathServer:
             await _send(writer, Response(status=400, body=b"bad request\n"))
             return
         method, target = parts[0], parts[1].split("?", 1)[0]
-        if target != self._path:
+        respond = self._routes.get(target)
+        if respond is None:
             await _send(writer, Response(status=404, body=b"not found\n"), body=method != "HEAD")
         elif method not in ("GET", "HEAD"):
             response = Response(status=405, body=b"method not allowed\n")
@@ -174,9 +176,9 @@ class OnePathServer:
         else:
             headers = _headers(lines[1:]) if self._parse_headers else {}
             try:
-                response = await self._respond(Request(method=method, headers=headers))
+                response = await respond(Request(method=method, headers=headers))
             except Exception:  # a bug in the callback: a 500, not a dead connection handler
-                log.exception("answering %s %s failed", method, self._path)
+                log.exception("answering %s %s failed", method, target)
                 response = Response(status=500, body=b"internal error\n")
             await _send(writer, response, body=method == "GET")
 

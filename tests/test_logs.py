@@ -1,4 +1,5 @@
-"""Log lines: fields named in the message become JSON keys; text reads as written."""
+"""Log lines: fields named in the message become JSON keys; text reads as written; a
+throttled log lets a burst through, then counts what it holds back."""
 
 from __future__ import annotations
 
