@@ -1,82 +1,51 @@
 """An in-process fake Kubernetes API server that speaks the real wire format.
 
 A real HTTP/1.1 server on 127.0.0.1 (ephemeral port) in a background thread,
-serving the pod collection endpoints the real ``kubernetes`` client calls:
+serving, in JSON, the endpoints the real ``kubernetes`` client calls for
+capwatch's agent and controller (routes in kube_http):
 
-- ``GET /api/v1/pods`` and ``GET /api/v1/namespaces/{ns}/pods``: ``PodList``
-  JSON with ``metadata.resourceVersion``, ``limit``/``continue`` paging and
-  ``fieldSelector`` (unsupported selectors answer 400 with a ``Status`` body).
-- the same with ``watch=true``: a chunked stream of newline-delimited watch
-  events after ``resourceVersion`` (ADDED, MODIFIED, DELETED, BOOKMARK when
-  ``allowWatchBookmarks``, ERROR), ending cleanly after ``timeoutSeconds``.
-  A resourceVersion older than the retained history is answered 410 Gone,
-  either as an HTTP 410 or as an ERROR event carrying a ``Status`` (``gone_mode``).
+- pods: ``GET /api/v1/pods`` and ``/api/v1/namespaces/{ns}/pods``, list and
+  watch, by field and label selector (kube_pods, kube_lists, kube_watch);
+- nodes: list, watch, get, and the strategic-merge / JSON-merge PATCH of
+  ``/status`` (kube_nodes, kube_patch);
+- leases: ``coordination.k8s.io/v1`` get, list, create and update with real
+  optimistic concurrency (kube_leases);
+- events: ``POST /api/v1/namespaces/{ns}/events`` (kube_events).
 
-Tests drive it through the methods below: write pods, emit bookmarks, compact
-history, inject 429/500 answers, hang lists, drop/end/stall watch streams, and
-read request counts. The pod state lives in :class:`~tests.fakes.kube_store.PodStore`.
+All of it shares one resourceVersion sequence and lock (kube_store). Lists
+page with ``limit``/``continue`` over a consistent snapshot; watches replay
+from ``resourceVersion``, send BOOKMARKs as the real watch cache does and end
+after ``timeoutSeconds``. A resourceVersion older than the retained history is
+answered 410 Gone, either as an HTTP 410 or as an ERROR event carrying a
+``Status`` (``gone_mode``). Failures are ``Status`` objects.
+
+Tests drive it through the methods below: write pods and nodes, seed and read
+Leases, read Events and the write logs (who wrote which Node status while
+which Lease was held), emit bookmarks, compact history, inject failures for
+everyone (kube_faults: by request kind and method, 429 with Retry-After,
+500, in-stream errors, hangs) or cut one client off by its User-Agent,
+drop/end/stall watch streams, and read the request log.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import socketserver
 import threading
-import time
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Mapping
 from typing import Any, Literal
-from urllib.parse import parse_qs, urlsplit
 
-from tests.fakes.kube_events import EventsEndpoint
-from tests.fakes.kube_store import (
-    ExpiredError,
-    FieldSelector,
-    ListPage,
-    Pod,
-    PodStore,
-    SelectorError,
-    status_body,
-)
-from tests.fakes.kube_watch import WatchEndpoint
+from tests.fakes.kube_events import EventStore, EventWrite
+from tests.fakes.kube_faults import Faults, RequestKind, RequestRecord
+from tests.fakes.kube_http import Handler, Server
+from tests.fakes.kube_leases import LeaseState, LeaseStore, LeaseWrite
+from tests.fakes.kube_nodes import Node, NodeStatusWrite, NodeStore
+from tests.fakes.kube_pods import Pod, PodStore
+from tests.fakes.kube_store import Key, Obj, ResourceVersions
+from tests.fakes.kube_watch import WatchControls
 
-RequestKind = Literal["list", "watch", "event"]
+__all__ = ["FakeKubeApiServer", "GoneMode", "RequestKind", "RequestRecord"]
+
 GoneMode = Literal["http", "event"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RequestRecord:
-    """One request the server received (before any injected failure)."""
-
-    kind: RequestKind
-    path: str
-    query: dict[str, str]
-    at: float  # time.monotonic()
-    peer: int = 0  # the client's port: one TCP connection per distinct value
-
-
-@dataclass(kw_only=True)
-class _Fault:
-    code: int
-    retry_after: int | None
-    in_stream: bool
-
-
-@dataclass(kw_only=True)
-class _Controls:
-    """Mutable test controls; guarded by the store's lock."""
-
-    faults: dict[str, list[_Fault]] = field(
-        default_factory=lambda: {"list": [], "watch": [], "event": []}
-    )
-    list_hangs: list[float] = field(default_factory=list)
-    drop_gen: int = 0
-    end_gen: int = 0
-    bookmark_gen: int = 0
-    stalled: bool = False
-    stopping: bool = False
-    open_watches: int = 0
 
 
 class FakeKubeApiServer:
@@ -89,22 +58,26 @@ class FakeKubeApiServer:
         history_limit: int = 1000,
         bookmark_frequency: float = 60.0,
     ) -> None:
-        self.store = PodStore(history_limit=history_limit)
+        self.versions = ResourceVersions()
+        self.pods = PodStore(versions=self.versions, history_limit=history_limit)
+        self.store = self.pods  # the name from when pods were all there was
+        self.nodes = NodeStore(versions=self.versions, history_limit=history_limit)
+        self.leases = LeaseStore(versions=self.versions, history_limit=history_limit)
+        self.events_store = EventStore(versions=self.versions, history_limit=history_limit)
+        self.faults = Faults(cond=self.versions.cond)
+        self.watch_controls = WatchControls()
         self.gone_mode: GoneMode = gone_mode
         # Seconds between the periodic BOOKMARKs of a watch that allows them.
         self.bookmark_frequency = bookmark_frequency
-        self._ctl = _Controls()
-        self._requests: list[RequestRecord] = []
-        self._events: list[dict[str, Any]] = []  # created by POST (tests/fakes/kube_events.py)
         self._stop = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: Server | None = None
         self._thread: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
-        handler = type("Handler", (_Handler,), {"fake": self})
-        self._httpd = _Server(("127.0.0.1", 0), handler)
+        handler = type("BoundHandler", (Handler,), {"fake": self})
+        self._httpd = Server(("127.0.0.1", 0), handler)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,
             kwargs={"poll_interval": 0.05},
@@ -114,13 +87,13 @@ class FakeKubeApiServer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop serving and cut open watches and hung lists. Idempotent."""
+        """Stop serving and cut open watches, hung requests and cut-off hangs. Idempotent."""
         if self._stop.is_set():
             return
         self._stop.set()
-        with self.store.cond:
-            self._ctl.stopping = True
-            self.store.cond.notify_all()
+        with self.versions.cond:
+            self.watch_controls.stopping = True
+            self.versions.cond.notify_all()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -133,7 +106,7 @@ class FakeKubeApiServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host!s}:{port}"
 
-    # -- pods (thin delegation to the store) ------------------------------------
+    # -- pods -------------------------------------------------------------------
 
     def add_pod(
         self,
@@ -144,9 +117,24 @@ class FakeKubeApiServer:
         annotations: dict[str, str] | None = None,
         phase: str = "Running",
         uid: str | None = None,
+        labels: dict[str, str] | None = None,
+        pod_ip: str | None = None,
+        created: str | None = None,
+        deletion_timestamp: str | None = None,
     ) -> Pod:
-        return self.store.add_pod(
-            namespace, name, node=node, annotations=annotations, phase=phase, uid=uid
+        """Create a pod (ADDED). ``node=""``: unscheduled; ``created``: its
+        creationTimestamp (RFC 3339; a fixed default); ``deletion_timestamp``: terminating."""
+        return self.pods.add_pod(
+            namespace,
+            name,
+            node=node,
+            annotations=annotations,
+            phase=phase,
+            uid=uid,
+            labels=labels,
+            pod_ip=pod_ip,
+            created=created,
+            deletion_timestamp=deletion_timestamp,
         )
 
     def update_pod(
@@ -157,29 +145,127 @@ class FakeKubeApiServer:
         annotations: dict[str, str] | None = None,
         node: str | None = None,
         phase: str | None = None,
+        labels: dict[str, str] | None = None,
+        pod_ip: str | None = None,
+        deletion_timestamp: str | None = None,
     ) -> Pod:
-        return self.store.update_pod(
-            namespace, name, annotations=annotations, node=node, phase=phase
+        """Change the given fields (MODIFIED): None leaves one alone, maps are replaced
+        wholesale, ``""`` removes nodeName, podIP or deletionTimestamp."""
+        return self.pods.update_pod(
+            namespace,
+            name,
+            annotations=annotations,
+            node=node,
+            phase=phase,
+            labels=labels,
+            pod_ip=pod_ip,
+            deletion_timestamp=deletion_timestamp,
         )
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        self.store.delete_pod(namespace, name)
+        self.pods.delete_pod(namespace, name)
+
+    def pod(self, namespace: str, name: str) -> Pod | None:
+        return self.pods.get((namespace, name))
+
+    # -- nodes ------------------------------------------------------------------
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        conditions: list[dict[str, Any]] | None = None,
+        uid: str | None = None,
+    ) -> Node:
+        """Create a Node (ADDED); ``conditions`` default to a kubelet-like Ready (``[]``: none)."""
+        return self.nodes.add_node(name, labels=labels, conditions=conditions, uid=uid)
+
+    def update_node_labels(self, name: str, labels: Mapping[str, str]) -> Node:
+        """Replace the Node's labels (MODIFIED; selecting watches see it come or go)."""
+        return self.nodes.update_node_labels(name, labels)
+
+    def delete_node(self, name: str) -> None:
+        self.nodes.delete_node(name)
+
+    def node(self, name: str) -> Node | None:
+        """The Node's current JSON (no kind/apiVersion), or None."""
+        return self.nodes.node(name)
+
+    def node_status_writes(self, node: str | None = None) -> list[NodeStatusWrite]:
+        """Every successful status PATCH (of ``node``, or all), in order."""
+        return self.nodes.status_writes(node)
+
+    # -- leases -----------------------------------------------------------------
+
+    def lease(self, namespace: str, name: str) -> Obj | None:
+        """The Lease's current JSON (no kind/apiVersion), or None."""
+        return self.leases.lease(namespace, name)
+
+    def add_lease(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        holder: str,
+        lease_duration_s: int = 15,
+        acquire_time: str | None = None,
+        renew_time: str | None = None,
+        transitions: int = 0,
+        user_agent: str = "test",
+    ) -> Obj:
+        """Create a Lease as if ``user_agent`` had POSTed it (e.g. held by a gone replica)."""
+        return self.leases.add_lease(
+            namespace,
+            name,
+            holder=holder,
+            lease_duration_s=lease_duration_s,
+            acquire_time=acquire_time,
+            renew_time=renew_time,
+            transitions=transitions,
+            user_agent=user_agent,
+        )
+
+    def lease_writes(
+        self, namespace: str | None = None, name: str | None = None
+    ) -> list[LeaseWrite]:
+        """Every successful create/update of a Lease, in order."""
+        return self.leases.writes(namespace, name)
+
+    def lease_states(self) -> dict[Key, LeaseState]:
+        """Every Lease's holder and last successful write, now."""
+        return self.leases.states()
+
+    # -- events -----------------------------------------------------------------
+
+    def events(self) -> list[dict[str, Any]]:
+        """The created Events, in order, as the server answered them."""
+        return [write.event for write in self.events_store.writes()]
+
+    def event_writes(self) -> list[EventWrite]:
+        """The created Events with the server time and User-Agent of each."""
+        return self.events_store.writes()
+
+    # -- the shared state -------------------------------------------------------
 
     @property
     def resource_version(self) -> int:
-        return self.store.resource_version
+        return self.versions.current
 
     def atomic(self) -> contextlib.AbstractContextManager[None]:
         """Hold the server's lock: no watcher sees any of the changes made inside
         until all of them are done (combine with drop_watches + compact to make a
         watcher miss events and come back to a 410)."""
-        return self.store.atomic()
+        return self.versions.atomic()
 
     def compact(self) -> None:
-        """Forget history up to now; a watch from an older rv gets 410."""
-        self.store.compact()
+        """Forget history of every kind up to now; a watch from an older rv gets 410
+        and a pending ``continue`` expires."""
+        with self.versions.cond:
+            for store in (self.pods, self.nodes, self.leases, self.events_store):
+                store.compact()
 
-    # -- stream controls --------------------------------------------------------
+    # -- stream controls (every open watch, pods and nodes alike) ---------------
 
     def bookmark(self) -> None:
         """Send a BOOKMARK at the current rv on every open watch that allows them."""
@@ -195,16 +281,16 @@ class FakeKubeApiServer:
 
     def stall_watches(self, stalled: bool = True) -> None:
         """Open watches (and new ones) go silent: no events, no end, until unstalled."""
-        with self.store.cond:
-            self._ctl.stalled = stalled
-            self.store.cond.notify_all()
+        with self.versions.cond:
+            self.watch_controls.stalled = stalled
+            self.versions.cond.notify_all()
 
     def _bump(self, name: str) -> None:
-        with self.store.cond:
-            setattr(self._ctl, name, getattr(self._ctl, name) + 1)
-            self.store.cond.notify_all()
+        with self.versions.cond:
+            setattr(self.watch_controls, name, getattr(self.watch_controls, name) + 1)
+            self.versions.cond.notify_all()
 
-    # -- fault injection --------------------------------------------------------
+    # -- fault injection (kube_faults) ------------------------------------------
 
     def fail_next(
         self,
@@ -214,170 +300,60 @@ class FakeKubeApiServer:
         count: int = 1,
         retry_after: int | None = None,
         in_stream: bool = False,
+        method: str | None = None,
     ) -> None:
-        """The next ``count`` requests of ``kind`` answer ``code`` with a Status body;
-        ``in_stream`` (watches only): a 200 stream carrying one ERROR event instead."""
-        with self.store.cond:
-            self._ctl.faults[kind].extend(
-                _Fault(code=code, retry_after=retry_after, in_stream=in_stream)
-                for _ in range(count)
-            )
+        """The next ``count`` requests of ``kind`` (and ``method``, if given) answer ``code``
+        with a Status body; ``in_stream`` (watches only): a 200 stream carrying one ERROR."""
+        self.faults.fail_next(
+            kind, code, count=count, retry_after=retry_after, in_stream=in_stream, method=method
+        )
 
-    def clear_faults(self) -> None:
-        with self.store.cond:
-            for faults in self._ctl.faults.values():
-                faults.clear()
-            self._ctl.list_hangs.clear()
+    def hang_next(
+        self, kind: RequestKind, seconds: float, *, count: int = 1, method: str | None = None
+    ) -> None:
+        """The next ``count`` requests of ``kind`` wait ``seconds``, then are served."""
+        self.faults.hang_next(kind, seconds, count=count, method=method)
 
     def hang_next_lists(self, seconds: float, *, count: int = 1) -> None:
-        """The next ``count`` lists wait ``seconds`` before answering."""
-        with self.store.cond:
-            self._ctl.list_hangs.extend([seconds] * count)
+        """The next ``count`` pod lists wait ``seconds`` before answering."""
+        self.faults.hang_next("list", seconds, count=count)
+
+    def clear_faults(self) -> None:
+        """Drop pending faults and hangs (cut-offs stay until restored)."""
+        self.faults.clear()
+
+    def cut_off(
+        self,
+        agent: str,
+        *,
+        status: int = 503,
+        retry_after: int | None = None,
+        hang_s: float | None = None,
+    ) -> None:
+        """Until restored, every request whose User-Agent contains ``agent`` answers
+        ``status`` (its open watches are cut), or with ``hang_s`` hangs that long and is
+        dropped unserved (its open watches go silent): a partition from that client."""
+        self.faults.cut_off(agent, status=status, retry_after=retry_after, hang_s=hang_s)
+
+    def restore(self, agent: str | None = None) -> None:
+        """Undo cut_off(``agent``), or every cut-off; hung requests are dropped at once."""
+        self.faults.restore(agent)
 
     # -- observation ------------------------------------------------------------
 
     def count(self, kind: RequestKind) -> int:
-        with self.store.cond:
-            return sum(1 for r in self._requests if r.kind == kind)
+        return len(self.faults.requests(kind))
 
     def requests(self, kind: RequestKind | None = None) -> list[RequestRecord]:
-        with self.store.cond:
-            return [r for r in self._requests if kind is None or r.kind == kind]
-
-    def events(self) -> list[dict[str, Any]]:
-        with self.store.cond:
-            return list(self._events)
-
-    def _admit_event(self, path: str) -> _Fault | None:
-        fault, _ = self._admit(
-            RequestRecord(kind="event", path=path, query={}, at=time.monotonic())
-        )
-        return fault
-
-    def _record_event(self, event: dict[str, Any]) -> None:
-        with self.store.cond:
-            self._events.append(event)
+        return self.faults.requests(kind)
 
     @property
     def open_watches(self) -> int:
-        with self.store.cond:
-            return self._ctl.open_watches
+        """Open watch streams of every kind."""
+        with self.versions.cond:
+            return sum(self.watch_controls.open_watches.values())
 
-    # -- used by the handler ----------------------------------------------------
-
-    def _admit(self, record: RequestRecord) -> tuple[_Fault | None, float]:
-        with self.store.cond:
-            self._requests.append(record)
-            faults = self._ctl.faults[record.kind]
-            fault = faults.pop(0) if faults else None
-            hang = 0.0
-            if fault is None and record.kind == "list" and self._ctl.list_hangs:
-                hang = self._ctl.list_hangs.pop(0)
-            return fault, hang
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the host name (getfqdn), which can take
-        # seconds in a sandbox; the fake only ever serves 127.0.0.1.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
-
-
-class _Handler(EventsEndpoint, WatchEndpoint, BaseHTTPRequestHandler):
-    fake: FakeKubeApiServer  # set on the per-server subclass
-    protocol_version = "HTTP/1.1"
-    server_version = "fake-kube-apiserver/1"
-    timeout = 10  # idle keep-alive connections do not pin a thread forever
-    # Headers and body go out in separate writes; without TCP_NODELAY, Nagle plus
-    # delayed ACKs add ~40 ms to every response.
-    disable_nagle_algorithm = True
-
-    def log_message(self, format: str, *args: Any) -> None:
-        # Quiet: the test output is for the tests.
-        pass
-
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
-        parts = url.path.strip("/").split("/")
-        is_pods = parts == ["api", "v1", "pods"] or (
-            len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods"
-        )
-        if not is_pods:
-            self._send_json(404, status_body(404, f"the server could not find {url.path}"))
-            return
-        namespace = parts[3] if len(parts) == 5 else None
-        watching = query.get("watch", "").lower() in ("true", "1")
-        kind: RequestKind = "watch" if watching else "list"
-        fault, hang = self.fake._admit(
-            RequestRecord(
-                kind=kind,
-                path=url.path,
-                query=query,
-                at=time.monotonic(),
-                peer=int(self.client_address[1]),
-            )
-        )
-        if fault is not None and fault.in_stream and watching:
-            self._send_stream_error(status_body(fault.code, "injected fault"))
-            return
-        if fault is not None:
-            headers = {}
-            if fault.retry_after is not None:
-                headers["Retry-After"] = str(fault.retry_after)
-            self._send_json(fault.code, status_body(fault.code, "injected fault"), headers)
-            return
-        if hang and self.fake._stop.wait(hang):
-            self._abort()
-            return
-        try:
-            selector = FieldSelector.parse(query.get("fieldSelector"))
-            if namespace is not None:
-                selector = FieldSelector(
-                    terms=(*selector.terms, ("metadata.namespace", namespace, False))
-                )
-            # labelSelector is ignored: nothing in capwatch selects pods by label.
-            if watching:
-                self._watch(selector, query)
-            else:
-                self._list(selector, query)
-        except SelectorError as err:
-            self._send_json(400, status_body(400, str(err)))
-        except ExpiredError as err:
-            self._send_json(410, status_body(410, str(err)))
-
-    # -- list -------------------------------------------------------------------
-
-    def _list(self, selector: FieldSelector, query: dict[str, str]) -> None:
-        try:
-            limit = int(query.get("limit") or 0)
-        except ValueError as err:
-            raise SelectorError(f"invalid limit: {query['limit']!r}") from err
-        # resourceVersion on a list: "", "0" and any exact version are all served
-        # from the current state (at least as new as asked), which is what a
-        # NotOlderThan read may return.
-        page: ListPage = self.fake.store.list_page(
-            selector, limit=limit, token=query.get("continue", "")
-        )
-        metadata: dict[str, Any] = {"resourceVersion": str(page.resource_version)}
-        if page.continue_token:
-            metadata["continue"] = page.continue_token
-            metadata["remainingItemCount"] = page.remaining
-        body = {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": page.items}
-        self._send_json(200, body)
-
-    def _send_json(
-        self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None
-    ) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.wfile.write(data)
+    def open_watch_count(self, kind: RequestKind) -> int:
+        """Open watch streams of one request kind (``watch``, ``node_watch``, ``lease``)."""
+        with self.versions.cond:
+            return self.watch_controls.open_watches.get(kind, 0)

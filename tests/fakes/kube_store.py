@@ -1,13 +1,23 @@
-"""The state behind the fake Kubernetes API server: pods, resourceVersions, history.
+"""The state behind the fake Kubernetes API server: one store per resource kind.
 
-Mirrors what the real API server's watch cache does closely enough for a
-list+watch client: one global resourceVersion bumped by every write, a bounded
-event history that watches replay from, compaction (a watch from before the
-oldest retained version is answered 410 Gone), field selectors applied to both
-lists and watches (an object that stops matching is sent as DELETED, one that
-starts matching as ADDED), and consistent paged lists (``limit``/``continue``
-serve the snapshot the first page was taken from). Also the shapes of the
-non-pod wire objects: ``Status`` failures, watch objects, bookmarks.
+Mirrors what the real API server (etcd plus its watch cache) does closely
+enough for list+watch clients and optimistic writers:
+
+- one global resourceVersion (etcd's revision) shared by every kind and bumped
+  by every write (:class:`ResourceVersions`), so versions from a pod list and a
+  node list are comparable, as on a real cluster;
+- per kind, a bounded event history that watches replay from, and compaction
+  (a watch from before the oldest retained version is answered 410 Gone);
+- selectors applied to lists and watches alike: an object that stops matching
+  is sent as DELETED (its last matching state, stamped with the version of the
+  change), one that starts matching as ADDED, as the real watch cache does;
+- consistent paged lists: ``limit``/``continue`` serve the snapshot the first
+  page was taken from; compaction expires pending ``continue`` tokens;
+- a write that changes nothing (only through the HTTP endpoints, which ask for
+  it) leaves the resourceVersion as it is and sends no watch event.
+
+Resource shapes live in the per-kind modules (kube_pods, kube_nodes,
+kube_leases, kube_events); the wire shapes in kube_wire.
 """
 
 from __future__ import annotations
@@ -18,63 +28,50 @@ import copy
 import itertools
 import json
 import threading
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-Pod = dict[str, Any]
+from tests.fakes.kube_selectors import Selector, SelectorError
 
-# Fields the fake can select on, as the real server names them.
-_FIELD_GETTERS = {
-    "spec.nodeName": lambda pod: pod["spec"].get("nodeName", ""),
-    "metadata.name": lambda pod: pod["metadata"]["name"],
-    "metadata.namespace": lambda pod: pod["metadata"]["namespace"],
-    "status.phase": lambda pod: pod["status"].get("phase", ""),
-}
-
-
-class SelectorError(ValueError):
-    """An unsupported or malformed field selector (the server answers 400)."""
+Obj = dict[str, Any]
+Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
 
 
 class ExpiredError(Exception):
     """A resourceVersion or continue token older than the retained history (410)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class FieldSelector:
-    """A conjunction of ``field=value``, ``field==value`` and ``field!=value`` terms."""
+class StaleVersionError(Exception):
+    """A write conditional on a resourceVersion that is no longer current (409 Conflict)."""
 
-    terms: tuple[tuple[str, str, bool], ...] = ()
 
-    @classmethod
-    def parse(cls, text: str | None) -> FieldSelector:
-        if not text:
-            return cls()
-        terms = []
-        for raw in text.split(","):
-            term = raw.strip()
-            negate = "!=" in term
-            sep = "!=" if negate else ("==" if "==" in term else "=")
-            field, found, value = term.partition(sep)
-            if not found or not field:
-                raise SelectorError(f"invalid selector: {term!r}")
-            if field not in _FIELD_GETTERS:
-                raise SelectorError(
-                    f'field label not supported: "{field}"'
-                    f" (supported: {', '.join(sorted(_FIELD_GETTERS))})"
-                )
-            terms.append((field, value, negate))
-        return cls(terms=tuple(terms))
+class ResourceVersions:
+    """The resourceVersion sequence every kind shares, and the lock over all the state.
 
-    def matches(self, pod: Pod | None) -> bool:
-        if pod is None:
-            return False
-        return all(
-            (_FIELD_GETTERS[field](pod) == value) != negate for field, value, negate in self.terms
-        )
+    ``cond`` is a Condition over a re-entrant lock: watch handlers wait on it,
+    and ``atomic()`` lets a test make several changes no watcher sees half-done.
+    """
+
+    def __init__(self, start: int = 100) -> None:
+        self.cond = threading.Condition(threading.RLock())
+        self._rv = start
+
+    @property
+    def current(self) -> int:
+        with self.cond:
+            return self._rv
+
+    def bump(self) -> int:
+        with self.cond:
+            self._rv += 1
+            return self._rv
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        with self.cond:
+            yield
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,45 +80,51 @@ class HistoryEvent:
 
     rv: int
     type: str  # ADDED, MODIFIED or DELETED, as seen by an unfiltered watch
-    obj: Pod
-    old: Pod | None
+    obj: Obj
+    old: Obj | None
 
 
 @dataclass(frozen=True, kw_only=True)
 class ListPage:
-    items: list[Pod]
+    items: list[Obj]
     resource_version: int
     continue_token: str
     remaining: int
 
 
-class PodStore:
-    """Pods keyed by (namespace, name), with a global resourceVersion and history.
+class ObjectStore:
+    """Objects of one kind keyed by (namespace, name), with their watch history.
 
-    All methods are thread-safe. ``cond`` is a Condition over a re-entrant lock:
-    watch handlers wait on it, and ``atomic()`` lets a test make several changes
-    that no watcher can observe half-done.
+    Thread-safe; every method takes the shared lock. Objects go in and come out
+    as deep copies, so no caller can change stored state behind the history.
     """
 
-    def __init__(self, *, history_limit: int = 1000, start_rv: int = 100) -> None:
-        self.cond = threading.Condition(threading.RLock())
-        self._rv = start_rv
-        self._oldest_rv = start_rv  # watches from an rv below this get 410
-        self._pods: dict[tuple[str, str], Pod] = {}
+    def __init__(
+        self,
+        *,
+        kind: str,
+        api_version: str,
+        versions: ResourceVersions,
+        history_limit: int = 1000,
+    ) -> None:
+        self.kind = kind
+        self.api_version = api_version
+        self.versions = versions
+        self.cond = versions.cond
+        self._oldest_rv = versions.current  # watches from an rv below this get 410
+        self._objects: dict[Key, Obj] = {}
         self._history: list[HistoryEvent] = []
         self._history_limit = history_limit
-        self._snapshots: dict[str, tuple[int, list[Pod]]] = {}
+        self._snapshots: dict[str, tuple[int, list[Obj]]] = {}
         self._snapshot_ids = itertools.count(1)
 
-    @contextmanager
-    def atomic(self) -> Iterator[None]:
-        with self.cond:
-            yield
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
 
     @property
     def resource_version(self) -> int:
-        with self.cond:
-            return self._rv
+        return self.versions.current
 
     @property
     def oldest_rv(self) -> int:
@@ -130,72 +133,51 @@ class PodStore:
 
     # -- writes -----------------------------------------------------------------
 
-    def add_pod(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        node: str,
-        annotations: dict[str, str] | None = None,
-        phase: str = "Running",
-        uid: str | None = None,
-    ) -> Pod:
+    def get(self, key: Key) -> Obj | None:
         with self.cond:
-            key = (namespace, name)
-            if key in self._pods:
-                raise ValueError(f"pod {namespace}/{name} already exists")
-            self._rv += 1
-            pod: Pod = {
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "uid": uid or str(uuid.uuid4()),
-                    "resourceVersion": str(self._rv),
-                    "creationTimestamp": "2025-01-01T00:00:00Z",
-                    "annotations": dict(annotations or {}),
-                },
-                "spec": {
-                    "nodeName": node,
-                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
-                },
-                "status": {"phase": phase},
-            }
-            self._pods[key] = pod
-            self._record("ADDED", pod, None)
-            return copy.deepcopy(pod)
+            obj = self._objects.get(key)
+            return None if obj is None else copy.deepcopy(obj)
 
-    def update_pod(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        annotations: dict[str, str] | None = None,
-        node: str | None = None,
-        phase: str | None = None,
-    ) -> Pod:
-        """Replace the given fields (annotations wholesale) and bump the rv."""
+    def keys(self) -> list[Key]:
         with self.cond:
-            old = self._pods[(namespace, name)]
-            pod = copy.deepcopy(old)
-            self._rv += 1
-            pod["metadata"]["resourceVersion"] = str(self._rv)
-            if annotations is not None:
-                pod["metadata"]["annotations"] = dict(annotations)
-            if node is not None:
-                pod["spec"]["nodeName"] = node
-            if phase is not None:
-                pod["status"]["phase"] = phase
-            self._pods[(namespace, name)] = pod
-            self._record("MODIFIED", pod, old)
-            return copy.deepcopy(pod)
+            return sorted(self._objects)
 
-    def delete_pod(self, namespace: str, name: str) -> None:
+    def create(self, key: Key, obj: Obj) -> Obj:
+        """Store a new object at a new resourceVersion (ADDED). ValueError if it exists."""
         with self.cond:
-            old = self._pods.pop((namespace, name))
-            self._rv += 1
+            if key in self._objects:
+                raise ValueError(f"{self.kind} {'/'.join(filter(None, key))} already exists")
+            stored = copy.deepcopy(obj)
+            stored["metadata"]["resourceVersion"] = str(self.versions.bump())
+            self._objects[key] = stored
+            self._record("ADDED", stored, None)
+            return copy.deepcopy(stored)
+
+    def replace(self, key: Key, obj: Obj, *, skip_unchanged: bool = False) -> Obj:
+        """Replace an existing object (MODIFIED at a new resourceVersion). KeyError if absent.
+
+        ``skip_unchanged``: as the real storage does, an object equal to the stored
+        one (resourceVersion aside) is not written: same version, no watch event.
+        """
+        with self.cond:
+            old = self._objects[key]
+            stored = copy.deepcopy(obj)
+            stored["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+            if skip_unchanged and stored == old:
+                return copy.deepcopy(old)
+            stored["metadata"]["resourceVersion"] = str(self.versions.bump())
+            self._objects[key] = stored
+            self._record("MODIFIED", stored, old)
+            return copy.deepcopy(stored)
+
+    def delete(self, key: Key) -> Obj:
+        """Remove an object (DELETED at a new resourceVersion). KeyError if absent."""
+        with self.cond:
+            old = self._objects.pop(key)
             gone = copy.deepcopy(old)
-            gone["metadata"]["resourceVersion"] = str(self._rv)
+            gone["metadata"]["resourceVersion"] = str(self.versions.bump())
             self._record("DELETED", gone, old)
+            return copy.deepcopy(gone)
 
     def compact(self) -> None:
         """Forget all history: a watch from any rv before now is answered 410.
@@ -205,11 +187,12 @@ class PodStore:
         with self.cond:
             self._history.clear()
             self._snapshots.clear()
-            self._oldest_rv = self._rv
+            self._oldest_rv = self.versions.current
             self.cond.notify_all()
 
-    def _record(self, kind: str, obj: Pod, old: Pod | None) -> None:
-        self._history.append(HistoryEvent(rv=self._rv, type=kind, obj=obj, old=old))
+    def _record(self, kind: str, obj: Obj, old: Obj | None) -> None:
+        rv = int(obj["metadata"]["resourceVersion"])
+        self._history.append(HistoryEvent(rv=rv, type=kind, obj=obj, old=old))
         if len(self._history) > self._history_limit:
             dropped = self._history.pop(0)
             self._oldest_rv = dropped.rv
@@ -217,7 +200,7 @@ class PodStore:
 
     # -- reads ------------------------------------------------------------------
 
-    def list_page(self, selector: FieldSelector, *, limit: int, token: str) -> ListPage:
+    def list_page(self, selector: Selector, *, limit: int, token: str) -> ListPage:
         """One page of a consistent list. Raises ExpiredError for a stale token."""
         with self.cond:
             if token:
@@ -226,19 +209,21 @@ class PodStore:
                     raise ExpiredError("the provided continue parameter is too old")
                 rv, items = self._snapshots[snap_id]
             else:
-                rv = self._rv
-                items = sorted(
-                    (p for p in self._pods.values() if selector.matches(p)),
-                    key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]),
+                rv = self.versions.current
+                items = copy.deepcopy(
+                    [
+                        self._objects[k]
+                        for k in sorted(self._objects)
+                        if selector.matches(self._objects[k])
+                    ]
                 )
-                items = copy.deepcopy(items)
                 snap_id, offset = "", 0
             end = len(items) if limit <= 0 else min(len(items), offset + limit)
             page = items[offset:end]
             next_token = ""
             if end < len(items):
                 if not snap_id:
-                    snap_id = str(next(self._snapshot_ids))
+                    snap_id = f"{self.kind}-{next(self._snapshot_ids)}"
                     self._snapshots[snap_id] = (rv, items)
                 next_token = _encode_continue(snap_id, end, rv)
             return ListPage(
@@ -248,13 +233,15 @@ class PodStore:
                 remaining=len(items) - end,
             )
 
-    def current_matching(self, selector: FieldSelector) -> list[Pod]:
+    def current_matching(self, selector: Selector) -> list[Obj]:
         with self.cond:
-            return [copy.deepcopy(p) for p in self._pods.values() if selector.matches(p)]
+            return [
+                copy.deepcopy(self._objects[k])
+                for k in sorted(self._objects)
+                if selector.matches(self._objects[k])
+            ]
 
-    def events_after(
-        self, cursor: int, selector: FieldSelector
-    ) -> tuple[list[tuple[str, Pod]], int]:
+    def events_after(self, cursor: int, selector: Selector) -> tuple[list[tuple[str, Obj]], int]:
         """Watch events after ``cursor`` as a filtered watch sees them, and the new cursor.
 
         Raises ExpiredError when ``cursor`` predates the retained history.
@@ -262,7 +249,7 @@ class PodStore:
         """
         if cursor < self._oldest_rv:
             raise ExpiredError(f"too old resource version: {cursor} ({self._oldest_rv})")
-        out: list[tuple[str, Pod]] = []
+        out: list[tuple[str, Obj]] = []
         for event in self._history:
             if event.rv <= cursor:
                 continue
@@ -279,7 +266,7 @@ class PodStore:
                 assert last is not None
                 last["metadata"]["resourceVersion"] = str(event.rv)
                 out.append(("DELETED", last))
-        return out, max(cursor, self._rv)
+        return out, max(cursor, self.versions.current)
 
 
 def _encode_continue(snap_id: str, offset: int, rv: int) -> str:
@@ -293,37 +280,3 @@ def _decode_continue(token: str) -> tuple[str, int]:
         return str(data["snap"]), int(data["start"])
     except (ValueError, KeyError, TypeError, binascii.Error) as err:
         raise SelectorError(f"invalid continue token: {token!r}") from err
-
-
-# -- wire objects -------------------------------------------------------------
-
-_REASONS = {
-    400: "BadRequest",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    410: "Expired",
-    429: "TooManyRequests",
-    500: "InternalError",
-}
-
-
-def status_body(code: int, message: str, reason: str | None = None) -> dict[str, Any]:
-    """A ``meta/v1 Status`` failure object, as the API server returns it."""
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason or _REASONS.get(code, "Unknown"),
-        "code": code,
-    }
-
-
-def watch_object(pod: Pod) -> Pod:
-    """Watch events carry kind/apiVersion on the object; list items do not."""
-    return {"kind": "Pod", "apiVersion": "v1", **pod}
-
-
-def bookmark_object(rv: int) -> dict[str, Any]:
-    return {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}}

@@ -1,13 +1,19 @@
-"""The fake API server's watch streams: ``GET .../pods?watch=true``.
+"""The fake API server's watch streams: ``GET <collection>?watch=true`` of any kind.
 
-A mixin for the fake's request handler. A watch is a chunked stream of
-newline-delimited events after ``resourceVersion`` (ADDED, MODIFIED, DELETED,
-ERROR), ending cleanly after ``timeoutSeconds``. With ``allowWatchBookmarks``
-it also carries BOOKMARKs as the real watch cache sends them: every
-``bookmark_frequency`` seconds (a minute by default) and once 2 s before the
-watch's deadline, plus any a test asks for. The test controls reach every open
-stream: drop (no terminating chunk), end (cleanly), stall (the connection stays
-open and nothing is sent, not even the end, until unstalled).
+A mixin for the fake's request handler, serving pods and nodes alike from
+their :class:`~tests.fakes.kube_store.ObjectStore`. A watch is a chunked
+stream of newline-delimited events after ``resourceVersion`` (ADDED,
+MODIFIED, DELETED, ERROR; objects carry kind/apiVersion), ending cleanly after
+``timeoutSeconds``; with ``resourceVersion`` "" or "0" it starts with the
+current state as ADDED. Field and label selectors apply: an object that stops
+matching is sent as DELETED, one that starts matching as ADDED. With
+``allowWatchBookmarks`` it also carries BOOKMARKs as the real watch cache
+sends them: every ``bookmark_frequency`` seconds (a minute by default) and
+once 2 s before the watch's deadline, plus any a test asks for. The test
+controls (:class:`WatchControls`) reach every open stream of every kind: drop
+(no terminating chunk), end (cleanly), stall (the connection stays open and
+nothing is sent, not even the end, until unstalled). A stream whose client is
+cut off (kube_faults) goes silent in hang mode and is dropped in status mode.
 """
 
 from __future__ import annotations
@@ -19,25 +25,33 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakes.kube_store import (
-    ExpiredError,
-    FieldSelector,
-    Pod,
-    SelectorError,
-    bookmark_object,
-    status_body,
-    watch_object,
-)
+from tests.fakes.kube_selectors import Selector, SelectorError
+from tests.fakes.kube_store import ExpiredError, Obj, ObjectStore
+from tests.fakes.kube_wire import bookmark_object, status_body, typed
 
 # The real watch cache's bookmark before a watch's deadline (cacher.go).
 PRETIMEOUT_BOOKMARK_S = 2.0
 
 
 @dataclass(kw_only=True)
+class WatchControls:
+    """The test's controls over open streams; guarded by the server's shared lock."""
+
+    drop_gen: int = 0
+    end_gen: int = 0
+    bookmark_gen: int = 0
+    stalled: bool = False
+    stopping: bool = False
+    open_watches: dict[str, int] = field(default_factory=dict)  # by request kind
+
+
+@dataclass(kw_only=True)
 class WatchState:
     """One open watch: where it is in the history and which controls it has seen."""
 
-    selector: FieldSelector
+    store: ObjectStore
+    selector: Selector
+    user_agent: str
     bookmarks: bool
     deadline: float | None
     cursor: int
@@ -45,7 +59,7 @@ class WatchState:
     end_gen: int
     bookmark_gen: int
     next_bookmark: float | None = None
-    pending: list[tuple[str, Pod]] = field(default_factory=list)
+    pending: list[tuple[str, Obj]] = field(default_factory=list)
 
     def schedule_bookmark(self, now: float, frequency: float) -> None:
         """The real cacher's rule: every ``frequency``, and 2 s before the deadline."""
@@ -57,21 +71,35 @@ class WatchState:
             when = min(when, self.deadline - PRETIMEOUT_BOOKMARK_S)
         self.next_bookmark = when if when > now else None
 
+    def event(self, kind: str, obj: Obj) -> dict[str, Any]:
+        return {"type": kind, "object": typed(obj, self.store.kind, self.store.api_version)}
+
+    def bookmark(self) -> dict[str, Any]:
+        rv = self.cursor
+        return {
+            "type": "BOOKMARK",
+            "object": bookmark_object(rv, self.store.kind, self.store.api_version),
+        }
+
 
 class WatchEndpoint:
     """Mixed into the handler, which supplies ``fake``, ``wfile``, ``connection``,
-    ``send_response``/``send_header``/``end_headers`` and ``close_connection``."""
+    ``headers``, ``send_response``/``send_header``/``end_headers`` and ``close_connection``."""
 
-    def _watch(self, selector: FieldSelector, query: dict[str, str]) -> None:
+    def _watch(
+        self, store: ObjectStore, selector: Selector, query: dict[str, str], kind: str
+    ) -> None:
         handler: Any = self
         fake = handler.fake
-        store, ctl = fake.store, fake._ctl
+        ctl: WatchControls = fake.watch_controls
         timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
         raw_rv = query.get("resourceVersion", "")
         with store.cond:
             now = time.monotonic()
             state = WatchState(
+                store=store,
                 selector=selector,
+                user_agent=handler.headers.get("User-Agent", ""),
                 bookmarks=query.get("allowWatchBookmarks", "").lower() in ("true", "1"),
                 deadline=None if timeout is None else now + timeout,
                 cursor=store.resource_version,
@@ -82,7 +110,7 @@ class WatchEndpoint:
             state.schedule_bookmark(now, fake.bookmark_frequency)
             if raw_rv in ("", "0"):
                 # No version: synthetic ADDED for the current state, then changes.
-                state.pending = [("ADDED", p) for p in store.current_matching(selector)]
+                state.pending = [("ADDED", o) for o in store.current_matching(selector)]
             else:
                 try:
                     state.cursor = int(raw_rv)
@@ -94,12 +122,12 @@ class WatchEndpoint:
                     )
                 # In "event" mode an expired cursor surfaces from events_after
                 # as an ERROR event on the open stream.
-            ctl.open_watches += 1
+            ctl.open_watches[kind] = ctl.open_watches.get(kind, 0) + 1
         try:
             self._stream(state)
         finally:
             with store.cond:
-                ctl.open_watches -= 1
+                ctl.open_watches[kind] -= 1
 
     def _stream(self, state: WatchState) -> None:
         handler: Any = self
@@ -123,15 +151,18 @@ class WatchEndpoint:
         """Block until there is something to send: ("send"|"end", events) or "abort"."""
         handler: Any = self
         fake = handler.fake
-        store, ctl = fake.store, fake._ctl
+        store, ctl = state.store, fake.watch_controls
         if state.pending:
             pending, state.pending = state.pending, []
-            return "send", [{"type": t, "object": watch_object(o)} for t, o in pending]
+            return "send", [state.event(t, o) for t, o in pending]
         with store.cond:
             while True:
                 if ctl.stopping or ctl.drop_gen != state.drop_gen:
                     return "abort", []
-                if ctl.stalled:
+                cut = fake.faults.cut_for(state.user_agent)
+                if cut is not None and cut.hang_s is None:
+                    return "abort", []
+                if ctl.stalled or cut is not None:
                     store.cond.wait(0.05)
                     continue
                 if ctl.end_gen != state.end_gen:
@@ -141,14 +172,14 @@ class WatchEndpoint:
                 except ExpiredError as err:
                     return "end", [{"type": "ERROR", "object": status_body(410, str(err))}]
                 if found:
-                    return "send", [{"type": t, "object": watch_object(o)} for t, o in found]
+                    return "send", [state.event(t, o) for t, o in found]
                 now = time.monotonic()
                 if state.bookmarks and ctl.bookmark_gen != state.bookmark_gen:
                     state.bookmark_gen = ctl.bookmark_gen
-                    return "send", [{"type": "BOOKMARK", "object": bookmark_object(state.cursor)}]
+                    return "send", [state.bookmark()]
                 if state.next_bookmark is not None and now >= state.next_bookmark:
                     state.schedule_bookmark(now, fake.bookmark_frequency)
-                    return "send", [{"type": "BOOKMARK", "object": bookmark_object(state.cursor)}]
+                    return "send", [state.bookmark()]
                 if state.deadline is not None and now >= state.deadline:
                     return "end", []
                 wake = [t for t in (state.deadline, state.next_bookmark) if t is not None]

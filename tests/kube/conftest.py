@@ -1,5 +1,5 @@
 """Fixtures: a running fake API server, a real ``kubernetes`` client pointed at it,
-and a factory of pod views using that client."""
+a factory of clients naming themselves by User-Agent, and a factory of pod views."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from agent.clock import SystemClock
 from agent.informer import WatchPolicy
 from agent.kubernetes import KubernetesPodView
 from tests.fakes.kube_apiserver import FakeKubeApiServer
+from tests.kube.rawapi import client_for
 from tests.kube.support import NODE
 
 
@@ -73,3 +74,22 @@ def make_view(kube_api_client: kubernetes.client.ApiClient) -> Iterator[ViewFact
     yield factory
     for view in views:
         view.close()
+
+
+ClientFactory = Callable[[str], kubernetes.client.ApiClient]
+
+
+@pytest.fixture
+def make_client(kube_apiserver: FakeKubeApiServer) -> Iterator[ClientFactory]:
+    """Real ApiClients for the fake, each naming itself by the User-Agent given;
+    all closed after the test."""
+    clients: list[kubernetes.client.ApiClient] = []
+
+    def factory(user_agent: str) -> kubernetes.client.ApiClient:
+        client = client_for(kube_apiserver, user_agent=user_agent)
+        clients.append(client)
+        return client
+
+    yield factory
+    for client in clients:
+        client.close()
