@@ -24,6 +24,7 @@ import http.client
 import json
 import logging
 import os
+import secrets
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -173,8 +174,9 @@ class KubeApi:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                # As the kubelet names them: the object, then a unique suffix.
-                "name": f"{event.node}.{int(event.wall * 1e9):x}",
+                # As the kubelet names them (the object, then the time in ns), plus a
+                # random tail: two transitions in one clock tick must not collide.
+                "name": f"{event.node}.{int(event.wall * 1e9):x}{secrets.token_hex(2)}",
                 "namespace": EVENT_NAMESPACE,
             },
             "involvedObject": {

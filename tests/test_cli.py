@@ -140,7 +140,7 @@ def test_the_shim_loads_none_of_the_agents_modules():
     """`capwatch shim` imports its own modules only: no agent loop, simulator, Kubernetes
     client, YAML or Prometheus client in the readiness container's memory."""
     probe = (
-        "import sys; from server import cli; "
+        "import sys; from capwatch import cli; "
         "cli._parser('shim').parse_args(['shim', '--target', 'unix:///run/x.sock']); "
         "from server.shim import main_shim; "  # what cli._run imports for the shim
         "print(' '.join(sorted(sys.modules)))"
@@ -171,7 +171,7 @@ def test_the_shim_loads_none_of_the_agents_modules():
 def test_help_lists_every_command_without_loading_them():
     """`capwatch --help` names every subcommand and imports none of their modules."""
     probe = (
-        "import sys; from server import cli; "
+        "import sys; from capwatch import cli; "
         "sys.exit(cli.main(['--help']) if 'server.shim' not in sys.modules else 3)"
     )
     done = subprocess.run(

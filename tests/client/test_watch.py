@@ -170,12 +170,13 @@ async def test_not_on_a_terminal_columns_still_fits(
 @pytest.mark.asyncio
 async def test_heartbeats_print_only_when_readiness_moves():
     """Not on a terminal, a heartbeat that says what the last message said prints nothing;
-    the one that says the agent went stale prints its line."""
-    async with running(interval_s=0.2) as harness:
+    the one that says the agent went stale prints its line (heartbeats at 1 s, the
+    least the agent takes; stale after 1.5 s: the first beat is ready, the second stale)."""
+    async with running(interval_s=0.5) as harness:
         harness.publish()
         out, err = io.StringIO(), io.StringIO()
         stop = asyncio.Event()
-        settings = parsed("--target", harness.target, "--heartbeat", "0.05")
+        settings = parsed("--target", harness.target, "--heartbeat", "1")
         task = asyncio.create_task(watch(settings, out=out, err=err, stop=stop))
         await eventually(lambda: "NOT READY: stale" in out.getvalue(), timeout=5)
         stop.set()
