@@ -3,7 +3,8 @@
 Each :class:`Option` names its flag, its environment twin, its default and a
 converter that validates the raw text and raises :class:`ConfigError` naming
 the flag (or the twin it came from). A flag on the command line wins over its
-twin; a repeatable flag's twin is a comma-separated list.
+twin; a repeatable flag's twin is a comma-separated list. A switch takes no
+value on the command line (``--dry-run``); its twin says true or false.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class Option:
     # For a repeatable option it receives each item and the results form a tuple.
     convert: Callable[[str, str], Any]
     repeatable: bool = False
+    switch: bool = False  # a bare flag meaning "true"; convert then reads true/false
+
+    def __post_init__(self) -> None:
+        if self.switch and self.repeatable:
+            raise ValueError(f"{self.flag}: a switch cannot be repeatable")
 
     @property
     def dest(self) -> str:
@@ -38,13 +44,19 @@ class Option:
 def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     """Declare options on ``parser``; values stay raw until :func:`read_options`."""
     for option in options:
+        help_text = f"{option.help} [env {option.env}; default {option.default or 'unset'}]"
+        if option.switch:
+            parser.add_argument(
+                option.flag, dest=option.dest, action="store_const", const="true", help=help_text
+            )
+            continue
         parser.add_argument(
             option.flag,
             dest=option.dest,
             default=None,
             action="append" if option.repeatable else "store",
             metavar=option.flag.removeprefix("--").upper().replace("-", "_"),
-            help=f"{option.help} [env {option.env}; default {option.default or 'unset'}]",
+            help=help_text,
         )
 
 

@@ -228,6 +228,7 @@ _OPTIONS = (
         convert=boolean,
         help="no API server: print the condition patches and Events instead of writing them "
         "(needs --targets)",
+        switch=True,
     ),
     Option(
         flag="--kubeconfig",

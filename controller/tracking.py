@@ -9,7 +9,13 @@ target (the agent pod watch, or the static targets file). Its
   disconnect (``unreachable``, failing closed until the agent answers again);
 - time: a timer per node fires when its latest cycle passes the agent's
   staleness bound, so a hung agent reads ``CycleStale`` without waiting for
-  its next message.
+  its next message; and when an agent has said nothing within
+  :data:`CONNECT_GRACE_S` of becoming known, it is ``unreachable``.
+
+``connecting`` is the controller's own ignorance (it has just started, or an
+agent pod just appeared), not news about the node: the writer does not write
+it, so a controller restart does not rewrite every Node with a transient
+Unknown. Within the grace period the stream either answers or fails.
 
 Each change is handed to every :class:`NodeListener` as a frozen
 :class:`NodeState` (observation, condition, and when the cycle behind it ended,
@@ -33,6 +39,8 @@ from server.events import Cycle, Disconnected, Event, Heartbeat, Snapshot
 
 log = logging.getLogger(__name__)
 
+CONNECT_GRACE_S = 30.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class NodeState:
@@ -53,8 +61,15 @@ class NodeListener(Protocol):
 
 
 class NodeTracker:
-    def __init__(self, *, clock: Clock, listeners: Sequence[NodeListener] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        listeners: Sequence[NodeListener] = (),
+        connect_grace_s: float = CONNECT_GRACE_S,
+    ) -> None:
         self._clock = clock
+        self._connect_grace_s = connect_grace_s
         self._listeners = list(listeners)
         self._states: dict[str, NodeState] = {}
         self._gpu_nodes: set[str] = set()
@@ -187,11 +202,17 @@ class NodeTracker:
     # --- time ----------------------------------------------------------------------------
 
     def recheck(self, node: str) -> None:
-        """Re-derive ``node``'s condition now (its staleness timer fired)."""
+        """Re-derive ``node``'s condition now (its timer fired)."""
         self._timers.pop(node, None)
         state = self._states.get(node)
-        if state is not None:
-            self._update(state.observation)
+        if state is None:
+            return
+        seen = state.observation
+        if seen.link is AgentLink.CONNECTING:
+            error = f"no answer within {self._connect_grace_s:g}s"
+            self._update(replace(seen, link=AgentLink.UNREACHABLE, link_error=error))
+        else:
+            self._update(seen)
 
     def close(self) -> None:
         for timer in self._timers.values():
@@ -221,6 +242,11 @@ class NodeTracker:
         timer = self._timers.pop(node, None)
         if timer is not None:
             timer.cancel()
+        if observation.link is AgentLink.CONNECTING:
+            self._timers[node] = asyncio.get_running_loop().call_later(
+                self._connect_grace_s, self.recheck, node
+            )
+            return
         cycle, bound = observation.cycle, observation.stale_after_s
         if observation.link is not AgentLink.CONNECTED or cycle is None or bound is None:
             return

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agent.clock import Clock
-from controller.conditions import Condition, ConditionStatus
+from controller.conditions import AgentLink, Condition, ConditionStatus
 from controller.errors import ApiError, NotFound
 from controller.recording import EventRecorder
 from controller.tracking import NodeState
@@ -122,6 +122,11 @@ class ConditionWriter:
     # --- inputs --------------------------------------------------------------------------
 
     def node_changed(self, state: NodeState) -> None:
+        if state.observation.link is AgentLink.CONNECTING:
+            # The controller's own ignorance, not news (controller.tracking): nothing
+            # to write, and what was known before is no longer worth a heartbeat.
+            self._desired.pop(state.node, None)
+            return
         self._desired[state.node] = state
         if self._needs_write(state.node):
             self._enqueue(state.node)

@@ -143,6 +143,7 @@ _JSON = Option(
     default="false",
     convert=_switch,
     help="print each message as one JSON object per line",
+    switch=True,
 )
 _RETRY = Option(
     flag="--retry",
@@ -150,8 +151,8 @@ _RETRY = Option(
     default="false",
     convert=_switch,
     help="keep trying an agent that cannot be reached at first (default: exit 1 saying why)",
+    switch=True,
 )
-# Switches take no value on the command line; their twins are true/false.
 _SWITCHES = (_JSON, _RETRY)
 # The agent to connect to, and how: shared with ``capwatch shim``.
 CONNECTION_OPTIONS = (
@@ -236,16 +237,7 @@ _OPTIONS = (
 
 
 def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
-    add_options(parser, _OPTIONS)
-    for switch in _SWITCHES:
-        parser.add_argument(
-            switch.flag,
-            dest=switch.dest,
-            action="store_const",
-            const="true",
-            default=None,
-            help=f"{switch.help} [env {switch.env}; default {switch.default}]",
-        )
+    add_options(parser, (*_OPTIONS, *_SWITCHES))
 
 
 def watch_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -> WatchSettings:
