@@ -93,6 +93,17 @@ class Publication:
             now_wall=self.clock.wall(),
         )
 
+    async def check_node(self, expected: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """End the call (FAILED_PRECONDITION) if the client expects another node than this.
+
+        A controller names the node it dialled: an agent that answers at a recycled
+        pod IP must never report its own health as another node's."""
+        if expected and expected != self.node_name:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this agent serves node {self.node_name!r}, not {expected!r}",
+            )
+
     async def admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> Slot:
         """Claim a subscriber slot, or end the call with the status that says why."""
         if self.stopping.is_set():

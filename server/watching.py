@@ -53,6 +53,7 @@ class NodeHealthServicer:
     async def GetSnapshot(
         self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> pb.GetSnapshotResponse:
+        await self._pub.check_node(request.node_name, context)
         include = await _filter(request.filter, context)
         return pb.GetSnapshotResponse(
             snapshot=self._pub.snapshot(self._pub.view(), include=include)
@@ -61,6 +62,7 @@ class NodeHealthServicer:
     async def Watch(
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> AsyncIterator[bytes]:
+        await self._pub.check_node(request.node_name, context)
         include = await _filter(request.filter, context)
         heartbeat_s = DEFAULT_HEARTBEAT_FACTOR * self._pub.interval_s
         requested = request.heartbeat_interval
