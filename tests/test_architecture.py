@@ -58,3 +58,10 @@ def test_no_module_over_500_lines():
         if "_pb2" not in path.name and (n := len(path.read_text().splitlines())) > 500
     }
     assert big == {}
+
+
+def test_the_shared_broadcast_knows_nothing_of_what_it_carries():
+    """server/broadcast.py serves the node's Watch and, later, the controller's cluster
+    stream: it imports no agent, server or protocol module, only the standard library."""
+    imported = imported_modules(ROOT / "server" / "broadcast.py")
+    assert imported <= {"__future__", "asyncio", "enum", "time", "types", "typing"}
