@@ -5,7 +5,9 @@ readiness differs between sends (its ages are measured at send time). So the
 shared part is encoded once, each GPU's unchanging part once for as long as it
 stays the same, and a send only serializes its readiness and joins bytes:
 mapping, copying and serializing a whole message per send cost the stream
-more than grpc's own work did.
+more than grpc's own work did. (:mod:`server.cycle_feed` goes further: the
+streams sending a cycle within a few milliseconds share one readiness, so one
+message.)
 
 The result is byte-for-byte what serializing :func:`server.mapping.cycle`'s
 message gives (the tests hold the two together): fields in number order, as
