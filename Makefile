@@ -70,7 +70,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/readyz.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/crash.py
 
-# The gRPC stream alone (about a minute: spawns servers and 1,000-stream clients).
+# The gRPC stream alone (about three minutes: spawns servers and 1,000-stream clients).
 bench-stream: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py
 

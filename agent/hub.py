@@ -1,10 +1,11 @@
 """The in-process hub the loop publishes every CycleReport into.
 
-Readers (the gRPC streams, metrics, the readiness tracker) never block the
-publisher: ``publish`` appends to a bounded ring buffer and wakes waiters with
-one O(1) operation whatever their number. A reader that falls further behind
-than the ring holds is told so (``since`` returns None) and resyncs from the
-latest snapshot instead of holding memory for it.
+Readers (the Watch stream's feed, the DRA streams, metrics, the readiness
+tracker) never block the publisher: ``publish`` appends to a bounded ring
+buffer and wakes waiters with one O(1) operation whatever their number. A
+reader that falls further behind than the ring holds is told so (``since``
+returns None) and resyncs from the latest snapshot instead of holding memory
+for it.
 
 Publishing happens on the cycle thread; asyncio readers are woken through
 ``loop.call_soon_threadsafe`` on the loops they attached, so the cost to the
@@ -14,6 +15,7 @@ cycle is one call per attached event loop, not per reader.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import uuid
 from collections import deque
@@ -55,6 +57,7 @@ class Hub:
         self.instance_id = instance_id or str(uuid.uuid4())
         self._clock = clock
         self._stale_after_s = stale_after_s
+        self._capacity = capacity
         self._ring: deque[CycleReport] = deque(maxlen=capacity)
         # The device table right after each buffered report, so a reader sent a
         # cycle late (a batch, a resume) still sees that cycle's transition times.
@@ -79,6 +82,11 @@ class Hub:
     @property
     def stale_after_s(self) -> float:
         return self._stale_after_s
+
+    @property
+    def capacity(self) -> int:
+        """How many reports the ring holds."""
+        return self._capacity
 
     def publish(self, report: CycleReport) -> None:
         """Record a completed cycle, then wake readers. O(1) in the number of readers.
@@ -112,10 +120,12 @@ class Hub:
         with self._lock:
             return self._state
 
-    def readiness(self, state: HubState | None = None) -> Readiness:
-        """The readiness rule applied to ``state`` (default: the current one), now."""
+    def readiness(self, state: HubState | None = None, *, now: float | None = None) -> Readiness:
+        """The readiness rule applied to ``state`` (default: the current one) at monotonic
+        instant ``now`` (default: now)."""
         state = state or self.state()
-        now = self._clock.monotonic()
+        if now is None:
+            now = self._clock.monotonic()
         latest = state.latest
         return evaluate(
             last_cycle_enforced=None if latest is None else latest.enforced,
@@ -142,6 +152,18 @@ class Hub:
                 # Indexed from the right: near the end of a deque that is O(1).
                 return tuple(self._ring[i] for i in range(start - len(self._ring), 0))
             return tuple(r for r in self._ring if r.sequence > sequence)
+
+    def history(self, after: int) -> tuple[tuple[CycleReport, Mapping[int, DeviceState]], ...]:
+        """Every buffered report after ``after``, oldest first, each with the device table
+        right after it. Where some are gone already, the first one returned is the
+        oldest still held: the caller sees the gap in the sequences."""
+        with self._lock:
+            if not self._ring or after >= self._state.sequence:
+                return ()
+            start = max(0, after + 1 - self._ring[0].sequence)
+            if start == len(self._ring) - 1:  # the usual case: one new report
+                return ((self._ring[-1], self._tables[-1]),)
+            return tuple(itertools.islice(zip(self._ring, self._tables, strict=True), start, None))
 
     def devices_at(self, sequence: int) -> Mapping[int, DeviceState] | None:
         """The device table right after cycle ``sequence``; None once it left the ring."""

@@ -108,12 +108,16 @@ class ClientSide:
                     self.snapshots += 1
 
     async def collect(self, cycles: int, timeout_s: float) -> tuple[list[float], int]:
-        """Every latency so far (waiting for ``cycles`` per stream), and short streams."""
+        """Every latency since the last collect (waiting for ``cycles`` per stream), and
+        short streams."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and any(len(s) < cycles for s in self.latencies):  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         short = sum(len(s) < cycles for s in self.latencies)
-        return [x for s in self.latencies for x in s], short
+        collected = [x for s in self.latencies for x in s]
+        for samples in self.latencies:  # the readers' own lists: emptied, not replaced
+            samples.clear()
+        return collected, short
 
     async def close(self) -> None:
         for call in self.calls:

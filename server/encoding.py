@@ -5,7 +5,9 @@ readiness differs between sends (its ages are measured at send time). So the
 shared part is encoded once, each GPU's unchanging part once for as long as it
 stays the same, and a send only serializes its readiness and joins bytes:
 mapping, copying and serializing a whole message per send cost the stream
-more than grpc's own work did.
+more than grpc's own work did. (:mod:`server.cycle_feed` goes further: the
+streams sending a cycle within a few milliseconds share one readiness, so one
+message.)
 
 The result is byte-for-byte what serializing :func:`server.mapping.cycle`'s
 message gives (the tests hold the two together): fields in number order, as
@@ -47,6 +49,23 @@ def varint(value: int) -> bytes:
         return _SMALL[value]
     if 0 < value < 0x4000:  # a device's length
         return bytes((value & 0x7F | 0x80, value >> 7))
+    if 0 < value < 1 << 35:  # sequences, and a timestamp's seconds and nanos: no loop
+        if value < 1 << 21:
+            return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
+        if value < 1 << 28:
+            return (
+                bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14 & 0x7F | 0x80))
+                + _SMALL[value >> 21]
+            )
+        return bytes(
+            (
+                value & 0x7F | 0x80,
+                value >> 7 & 0x7F | 0x80,
+                value >> 14 & 0x7F | 0x80,
+                value >> 21 & 0x7F | 0x80,
+                value >> 28,
+            )
+        )
     if not 0 <= value < 1 << 64:
         raise ValueError(f"varint out of range: {value}")
     out = bytearray()
@@ -112,15 +131,25 @@ def encode_timestamp(wall: float) -> bytes:
 
 
 def encode_readiness(ready: Readiness, *, last_cycle_age_s: float | None) -> bytes:
-    """``mapping.readiness(...)`` serialized: what each send of a cycle adds."""
+    """``mapping.readiness(...)`` serialized: what each send of a cycle adds.
+
+    The same as ``encode_readiness(ready, last_cycle_age_s=None)`` followed by
+    :func:`encode_last_cycle_age`: the cycle's own age is the last field, so
+    a verdict can be encoded once for many cycles.
+    """
     out = unsigned(_READY, ready.ready) + unsigned(_READY_REASON, READINESS_REASON[ready.reason])
     if ready.detail:
         out += length_delimited(_READY_DETAIL, ready.detail.encode())
     if ready.last_good_age_s is not None:
         out += length_delimited(_READY_LAST_GOOD, encode_duration(ready.last_good_age_s))
     if last_cycle_age_s is not None:
-        out += length_delimited(_READY_LAST_CYCLE, encode_duration(last_cycle_age_s))
+        out += encode_last_cycle_age(last_cycle_age_s)
     return out
+
+
+def encode_last_cycle_age(seconds: float) -> bytes:
+    """A readiness's ``last_cycle_age`` field alone."""
+    return length_delimited(_READY_LAST_CYCLE, encode_duration(seconds))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,8 +165,12 @@ class EncodedCycle:
 
     def watch_response(self, readiness: bytes) -> bytes:
         """A serialized ``WatchResponse{cycle}`` carrying this send's encoded ``readiness``."""
-        body = self.head + length_delimited(_CYCLE_READINESS, readiness) + self.tail
-        return length_delimited(_WATCH_CYCLE, body)
+        size = varint(len(readiness))
+        body = len(self.head) + len(_CYCLE_READINESS) + len(size) + len(readiness) + len(self.tail)
+        # One join: the message is copied once, not once per level.
+        return b"".join(
+            (_WATCH_CYCLE, varint(body), self.head, _CYCLE_READINESS, size, readiness, self.tail)
+        )
 
 
 def encode_cycle(
@@ -170,13 +203,12 @@ def encode_cycle(
     updated = length_delimited(_DEVICE_LAST_UPDATE, finished)
     sequence = unsigned(_DEVICE_SEQUENCE, report.sequence)
     extra = len(updated) + len(sequence)
-    for result, state, health in cycle_devices(
+    for result, transition, health in cycle_devices(
         report, devices=devices, ready=ready, include=include
     ):
-        fixed, process_count, size = _settled_bytes(
-            result, namer, health, state.last_transition_wall
-        )
-        parts += (_CYCLE_DEVICES, varint(size + extra), fixed, updated, process_count, sequence)
+        device = _settled_bytes(result, namer, health, transition)
+        head = device.heads.get(extra) or device.head(extra)
+        parts += (head, updated, device.process_count, sequence)
     summary = report.failure_summary.encode()
     tail = unsigned(_CYCLE_INTERRUPTED, report.interrupted) + (
         length_delimited(_CYCLE_FAILURE_SUMMARY, summary) if summary else b""
@@ -184,19 +216,36 @@ def encode_cycle(
     return EncodedCycle(head=b"".join(parts), tail=tail)
 
 
-@functools.lru_cache(maxsize=4096)
-def _settled_bytes(
-    result: GpuResult, namer: DeviceNamer, health: DeviceHealth, last_transition_wall: float
-) -> tuple[bytes, bytes, int]:
-    """A GPU's settled fields (1-16) encoded; its process count (18) apart; their size.
+class _Settled:
+    """A GPU's settled fields (1-16) encoded, and its process count (18) apart.
 
     The process count comes after the last update time (17), which changes
     every cycle, so it is kept apart to keep the fields in number order.
     """
+
+    __slots__ = ("fixed", "heads", "process_count", "size")
+
+    def __init__(self, fixed: bytes, process_count: bytes) -> None:
+        self.fixed = fixed
+        self.process_count = process_count
+        self.size = len(fixed) + len(process_count)
+        # By the size of what each cycle adds (update time, sequence): the
+        # device's tag, length and settled fields.
+        self.heads: dict[int, bytes] = {}
+
+    def head(self, extra: int) -> bytes:
+        head = self.heads[extra] = _CYCLE_DEVICES + varint(self.size + extra) + self.fixed
+        return head
+
+
+@functools.lru_cache(maxsize=4096)
+def _settled_bytes(
+    result: GpuResult, namer: DeviceNamer, health: DeviceHealth, last_transition_wall: float
+) -> _Settled:
     message = pb.DeviceStatus()
     name = namer(result.index, result.uuid)
     message.CopyFrom(settled(result, name, health, last_transition_wall))
     message.ClearField("process_count")
-    fixed = message.SerializeToString()
-    process_count = unsigned(_DEVICE_PROCESS_COUNT, result.process_count)
-    return fixed, process_count, len(fixed) + len(process_count)
+    return _Settled(
+        message.SerializeToString(), unsigned(_DEVICE_PROCESS_COUNT, result.process_count)
+    )

@@ -115,10 +115,12 @@ class AgentServer:
         self._server = grpc.aio.server(interceptors=(self._malformed,), options=OPTIONS)
         self._health = ListingHealthServicer()
         self._tracker: asyncio.Task[None] | None = None
+        self._feeder: asyncio.Task[None] | None = None
         self._sockets: list[Path] = []
         self._certificates: ReloadingCertificates | None = None
         self.addresses: list[str] = []  # as bound (port 0 resolved)
-        watching.add_to_server(NodeHealthServicer(publication), self._server)
+        self._watch = NodeHealthServicer(publication)
+        watching.add_to_server(self._watch, self._server)
         v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
             DraV1alpha1Servicer(publication), self._server
         )
@@ -147,6 +149,8 @@ class AgentServer:
             self._remove_sockets()
             raise
         await self._server.start()
+        self._feeder = asyncio.create_task(self._watch.feed(), name="capwatch-watch-feed")
+        self._feeder.add_done_callback(self._supervise)
         self._tracker = asyncio.create_task(
             track_readiness(self._health, self._pub), name="capwatch-grpc-health"
         )
@@ -159,10 +163,11 @@ class AgentServer:
         self._pub.stopping.set()
         self._pub.hub.release_readers()  # Watch streams end with OK, not a reset
         await self._server.stop(self._settings.grace_s)
-        if self._tracker is not None:
-            self._tracker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tracker
+        for task in (self._feeder, self._tracker):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._remove_sockets()
         log.info("grpc stopped")
 

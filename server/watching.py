@@ -1,23 +1,24 @@
 """capwatch.v1.NodeHealthService: ``Watch`` and ``GetSnapshot``.
 
-A Watch stream reads the hub's ring buffer at its own pace: the loop never
-waits for it. A subscriber that stops reading blocks only its own coroutine
-(HTTP/2 flow control), holds at most the message in flight, and on its return
-either catches up from the ring or, when its cycles have been overwritten,
-receives a fresh snapshot marked ``resync``.
+A Watch stream follows the node's cycles on a shared broadcast
+(:mod:`server.cycle_feed`, :mod:`server.broadcast`) at its own pace: the loop
+never waits for it, and every stream without a device filter sends a cycle's
+one encoded message. A subscriber that stops reading blocks only its own
+coroutine (HTTP/2 flow control), holds at most the message in flight, and on
+its return either catches up from the ring or, when its cycles have been
+overwritten, receives a fresh snapshot marked ``resync``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
-from agent.devices import DeviceState
-from agent.reports import CycleReport
-from server.encoding import EncodedCycle, encode_cycle, encode_readiness
+from server.broadcast import Signal
+from server.cycle_feed import CycleFeed, SharedCycle
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.limits import MAX_FILTER_UUIDS, MAX_HEARTBEAT_S, MAX_UUID_LENGTH, MIN_HEARTBEAT_S
 from server.mapping import Include
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 # cycles). Cycles themselves show the agent alive; heartbeats fill the silence
 # when a cycle hangs.
 DEFAULT_HEARTBEAT_FACTOR = 1.5
-ENCODED_CYCLES = 8  # cycles kept encoded for unfiltered streams (most read only the latest)
 SERVICE = "capwatch.v1.NodeHealthService"
 
 
@@ -43,12 +43,14 @@ class NodeHealthServicer:
 
     def __init__(self, publication: Publication) -> None:
         self._pub = publication
-        # Key: the cycle and the readiness verdict; the value also keeps the
-        # report and device table it was encoded from, compared by identity.
-        self._encoded: dict[
-            tuple[int, bool, str, str],
-            tuple[CycleReport, Mapping[int, DeviceState], EncodedCycle],
-        ] = {}
+        self._feed = CycleFeed(publication)
+
+    async def feed(self) -> None:
+        """Publish the hub's cycles to the streams until the hub releases its readers.
+
+        The server runs it as a task of its own from start to stop; the
+        streams end when it does."""
+        await self._feed.run()
 
     async def GetSnapshot(
         self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext[object, object]
@@ -89,65 +91,44 @@ class NodeHealthServicer:
     async def _stream(
         self, request: pb.WatchRequest, include: Include | None, heartbeat_s: float
     ) -> AsyncIterator[bytes]:
-        hub = self._pub.hub
+        feed = self._feed
+        feed.catch_up()  # the broadcast holds every cycle the view below may know
         view = self._pub.view()
         cursor = view.state.sequence
-        same_instance = request.agent_instance_id in ("", hub.instance_id)
-        if request.since_sequence == 0:
+        since = request.since_sequence
+        if since == 0:
             yield _serialized(snapshot=self._pub.snapshot(view, include=include))
+        elif (
+            request.agent_instance_id not in ("", self._pub.hub.instance_id)
+            or since > cursor
+            or not feed.broadcast.holds_after(since)
+        ):
+            yield _serialized(snapshot=self._pub.snapshot(view, resync=True, include=include))
         else:
-            missed = hub.since(request.since_sequence) if same_instance else None
-            if missed is None or request.since_sequence > view.state.sequence:
-                yield _serialized(snapshot=self._pub.snapshot(view, resync=True, include=include))
-            else:
-                for report in missed:
-                    yield self._cycle(report, view, include)
-                cursor = missed[-1].sequence if missed else request.since_sequence
-                if not missed:
-                    yield _serialized(heartbeat=self._heartbeat(view))
-        while not self._pub.stopping.is_set():
-            if not await hub.wait(cursor, heartbeat_s):
-                if self._pub.stopping.is_set():
+            if since == cursor:  # nothing missed: say so
+                yield _serialized(heartbeat=self._heartbeat(view))
+            cursor = since  # the missed cycles come from the broadcast's ring
+        clock = self._pub.clock
+        with feed.broadcast.subscribe(after=cursor, quiet_s=heartbeat_s) as cycles:
+            while True:
+                cycle = await cycles.next()
+                if isinstance(cycle, SharedCycle):
+                    if include is None:  # the same bytes for every stream in the window
+                        yield cycle.wire(clock.monotonic())
+                    else:
+                        yield feed.filtered(cycle, include)
+                elif cycle is Signal.CLOSED or self._pub.stopping.is_set():
                     return
-                yield _serialized(heartbeat=self._heartbeat(self._pub.view()))
-                continue
-            view = self._pub.view()
-            reports = hub.since(cursor)
-            if reports is None:  # fell behind further than the ring holds
-                log.info("watch subscriber fell behind; resyncing cursor=%d", cursor)
-                yield _serialized(snapshot=self._pub.snapshot(view, resync=True, include=include))
-                cursor = view.state.sequence
-                continue
-            for report in reports:
-                yield self._cycle(report, view, include)
-                cursor = report.sequence
-
-    def _cycle(self, report: CycleReport, view: View, include: Include | None) -> bytes:
-        # The table right after this cycle gives its transition times, even when
-        # the cycle is sent late (a batch, a resume).
-        devices = self._pub.hub.devices_at(report.sequence)
-        if devices is None:
-            devices = view.state.devices
-        ready = view.readiness
-        readiness = encode_readiness(
-            ready, last_cycle_age_s=view.now_monotonic - report.finished_monotonic
-        )
-        if include is not None:
-            return encode_cycle(
-                report, devices=devices, namer=self._pub.namer, ready=ready, include=include
-            ).watch_response(readiness)
-        # Apart from the readiness, a cycle message is a function of the report,
-        # the device table and the readiness verdict: encoded once for every
-        # unfiltered stream.
-        key = (report.sequence, ready.ready, ready.reason.value, ready.detail)
-        hit = self._encoded.get(key)
-        if hit is None or hit[0] is not report or hit[1] is not devices:
-            encoded = encode_cycle(report, devices=devices, namer=self._pub.namer, ready=ready)
-            self._encoded.pop(key, None)
-            self._encoded[key] = hit = (report, devices, encoded)
-            if len(self._encoded) > ENCODED_CYCLES:
-                del self._encoded[next(iter(self._encoded))]
-        return hit[2].watch_response(readiness)
+                elif cycle is Signal.QUIET:
+                    yield _serialized(heartbeat=self._heartbeat(self._pub.view()))
+                else:  # fell behind further than the ring holds
+                    log.info("watch subscriber fell behind; resyncing cursor=%d", cycles.position)
+                    feed.catch_up()
+                    view = self._pub.view()
+                    yield _serialized(
+                        snapshot=self._pub.snapshot(view, resync=True, include=include)
+                    )
+                    cycles.position = view.state.sequence
 
     def _heartbeat(self, view: View) -> pb.Heartbeat:
         return heartbeat_message(

@@ -284,3 +284,24 @@ def test_results_that_hash_alike_are_still_told_apart():
     for result in (base, *others, base):
         encoded, expected = both(report(1, result))
         assert encoded == expected
+
+
+@pytest.mark.parametrize("ready", [READY, STALE, FAILED, NO_CYCLE])
+@pytest.mark.parametrize("age_s", [0.0, 0.01, 2.9999999999, 86400.25])
+def test_a_verdict_encoded_once_takes_each_cycles_age_after_it(ready: Readiness, age_s: float):
+    """The cycle's own age is readiness's last field: a verdict encoded without it, then
+    the age alone, is the whole readiness (how one verdict serves many cycles)."""
+    shared = encoding.encode_readiness(ready, last_cycle_age_s=None)
+    assert shared + encoding.encode_last_cycle_age(age_s) == encoding.encode_readiness(
+        ready, last_cycle_age_s=age_s
+    )
+
+
+def test_one_gpu_in_cycles_whose_per_cycle_fields_change_size():
+    """The same GPU's cached bytes serve cycles whose sequence and update time take more or
+    fewer bytes (its length prefix changes with them), each exactly as the mapper's."""
+    table: dict[int, DeviceState] = {}
+    for seq, wall in [(127, 5.0), (128, 5.0), (2**14, 5.0), (1, 5.0), (127, 5.5), (2**21, 5.5)]:
+        cycle = report(seq, ok(0), wall=wall)
+        encoded, expected = both(cycle, devices=table)
+        assert encoded == expected, (seq, wall)

@@ -93,6 +93,36 @@ def test_ring_buffer_resume_and_resync():
     assert hub.since(5) == ()
 
 
+def test_history_gives_each_buffered_report_with_its_table_and_shows_a_gap():
+    """history() pairs every report after a sequence with the device table right after it;
+    where the ring lost some, it starts at the oldest it still holds."""
+    clock = FakeClock()
+    hub = Hub(clock=clock, stale_after_s=45, capacity=3)
+    for seq in range(1, 6):
+        hub.publish(report(seq, clock))
+    assert hub.capacity == 3
+    assert [(r.sequence, t is hub.devices_at(r.sequence)) for r, t in hub.history(3)] == [
+        (4, True),
+        (5, True),
+    ]
+    assert [r.sequence for r, _ in hub.history(4)] == [5]
+    assert [r.sequence for r, _ in hub.history(0)] == [3, 4, 5]  # 1 and 2 are gone
+    assert hub.history(5) == ()
+    assert Hub(clock=clock, stale_after_s=45).history(0) == ()
+
+
+def test_hub_readiness_can_be_asked_for_another_instant():
+    """readiness(now=...) applies the rule as of that monotonic instant, not the clock's."""
+    clock = FakeClock()
+    hub = Hub(clock=clock, stale_after_s=45)
+    hub.publish(report(1, clock))
+    assert hub.readiness().ready
+    later = hub.readiness(now=clock.monotonic() + 45)
+    assert later.reason is ReadinessReason.STALE
+    assert later.last_good_age_s == pytest.approx(45)
+    assert hub.readiness().ready  # the clock itself has not moved
+
+
 @pytest.mark.asyncio
 async def test_async_waiters_are_woken_by_a_publish_from_another_thread():
     """Many asyncio readers wake on one publish made on a different thread."""

@@ -30,8 +30,9 @@ class NodeHealthServiceStub:
     """NodeHealthService streams what the node agent's enforcement loop does.
 
     Ages (readiness, cycle age) are measured on the agent's monotonic clock at
-    the moment a message is sent. Timestamps are wall-clock, for humans only:
-    never compute readiness from them.
+    the moment a message is sent; a cycle's, so that every stream sending it
+    within 10 ms shares one message, may be up to 10 ms older, never younger.
+    Timestamps are wall-clock, for humans only: never compute readiness from them.
     """
 
     def __init__(self, channel):
@@ -56,8 +57,9 @@ class NodeHealthServiceServicer:
     """NodeHealthService streams what the node agent's enforcement loop does.
 
     Ages (readiness, cycle age) are measured on the agent's monotonic clock at
-    the moment a message is sent. Timestamps are wall-clock, for humans only:
-    never compute readiness from them.
+    the moment a message is sent; a cycle's, so that every stream sending it
+    within 10 ms shares one message, may be up to 10 ms older, never younger.
+    Timestamps are wall-clock, for humans only: never compute readiness from them.
     """
 
     def Watch(self, request, context):
@@ -101,8 +103,9 @@ class NodeHealthService:
     """NodeHealthService streams what the node agent's enforcement loop does.
 
     Ages (readiness, cycle age) are measured on the agent's monotonic clock at
-    the moment a message is sent. Timestamps are wall-clock, for humans only:
-    never compute readiness from them.
+    the moment a message is sent; a cycle's, so that every stream sending it
+    within 10 ms shares one message, may be up to 10 ms older, never younger.
+    Timestamps are wall-clock, for humans only: never compute readiness from them.
     """
 
     @staticmethod

@@ -31,8 +31,9 @@ class NodeHealthServiceStub:
     """NodeHealthService streams what the node agent's enforcement loop does.
 
     Ages (readiness, cycle age) are measured on the agent's monotonic clock at
-    the moment a message is sent. Timestamps are wall-clock, for humans only:
-    never compute readiness from them.
+    the moment a message is sent; a cycle's, so that every stream sending it
+    within 10 ms shares one message, may be up to 10 ms older, never younger.
+    Timestamps are wall-clock, for humans only: never compute readiness from them.
     """
 
     @_typing.overload
@@ -52,8 +53,9 @@ class NodeHealthServiceAsyncStub(NodeHealthServiceStub):
     """NodeHealthService streams what the node agent's enforcement loop does.
 
     Ages (readiness, cycle age) are measured on the agent's monotonic clock at
-    the moment a message is sent. Timestamps are wall-clock, for humans only:
-    never compute readiness from them.
+    the moment a message is sent; a cycle's, so that every stream sending it
+    within 10 ms shares one message, may be up to 10 ms older, never younger.
+    Timestamps are wall-clock, for humans only: never compute readiness from them.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -69,8 +71,9 @@ class NodeHealthServiceServicer(metaclass=_abc_1.ABCMeta):
     """NodeHealthService streams what the node agent's enforcement loop does.
 
     Ages (readiness, cycle age) are measured on the agent's monotonic clock at
-    the moment a message is sent. Timestamps are wall-clock, for humans only:
-    never compute readiness from them.
+    the moment a message is sent; a cycle's, so that every stream sending it
+    within 10 ms shares one message, may be up to 10 ms older, never younger.
+    Timestamps are wall-clock, for humans only: never compute readiness from them.
     """
 
     @_abc_1.abstractmethod
