@@ -76,10 +76,14 @@ class MalformedRecord(ValueError):
 
 
 class OwnershipStore:
-    """Thread-safe in-memory ownership with atomic, retried persistence."""
+    """Thread-safe in-memory ownership with atomic, retried persistence.
 
-    def __init__(self, state_dir: Path, *, clock: Clock) -> None:
-        self._path = state_dir / FILE_NAME
+    ``state_dir`` None keeps the record in memory only: a pool's simulated nodes,
+    whose GPUs die with the process anyway.
+    """
+
+    def __init__(self, state_dir: Path | None, *, clock: Clock) -> None:
+        self._path = None if state_dir is None else state_dir / FILE_NAME
         self._clock = clock
         self._lock = threading.Lock()
         self._records: dict[str, OwnershipRecord] = {}
@@ -90,11 +94,13 @@ class OwnershipStore:
         self.last_flush_error = ""
 
     @property
-    def path(self) -> Path:
+    def path(self) -> Path | None:
         return self._path
 
     def load(self) -> LoadStatus:
         """Read the record left by a previous agent. Call once, at start; never raises."""
+        if self._path is None:
+            return LoadStatus.EMPTY
         for stale in remove_temporaries(self._path):
             log.info("removed a temporary file an interrupted save left path=%s", stale)
         try:
@@ -110,6 +116,7 @@ class OwnershipStore:
         return LoadStatus.LOADED
 
     def _set_aside(self) -> None:
+        assert self._path is not None
         aside = self._path.with_name(f"{FILE_NAME}.unreadable-{int(self._clock.wall())}")
         try:
             os.replace(self._path, aside)
@@ -183,6 +190,9 @@ class OwnershipStore:
         """Persist if anything changed. Returns False (and logs) on failure; never raises."""
         with self._lock:
             if not self._dirty:
+                return True
+            if self._path is None:
+                self._dirty = False
                 return True
             if self._blocked_by_unreadable:
                 self._set_aside()

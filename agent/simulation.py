@@ -37,7 +37,7 @@ from pathlib import Path
 from agent.errors import ConfigError, PodViewError, ScenarioError
 from agent.gpus import GpuError, GpuErrorClass, PowerConstraints, WriteOutcome, WriteResult
 from agent.pods import PodSnapshot
-from agent.proctree import CgroupLayout, ProcSpec, QosClass, materialise
+from agent.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text, materialise
 from agent.scenario import FaultOp, FaultSpec, GpuSpec, PodSpec, ProcessSpec, Scenario
 from agent.simlimits import PersistentLimits
 
@@ -129,6 +129,16 @@ class SimWorld:
             return tuple(self._writes)
 
     # --- the proc tree ---------------------------------------------------------------------
+
+    def read_cgroup(self, pid: int) -> str | None:
+        """``/proc/<pid>/cgroup`` of a scenario process, computed rather than read: the
+        world is then its own :class:`~agent.attribution.ProcRoot` (a pool's thousands
+        of nodes need no files)."""
+        with self._lock:
+            spec = next(
+                (p for procs in self._processes.values() for p in procs if p.pid == pid), None
+            )
+        return None if spec is None else cgroup_text(_proc_spec(spec))
 
     def materialise_procs(self, root: Path) -> None:
         """Write ``<root>/<pid>/cgroup`` for every process, and remember ``root``.

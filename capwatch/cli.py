@@ -36,6 +36,7 @@ COMMANDS = {
     "shim": "serve GET /readyz for the kubelet from the agent's stream",
     "forget": "tell the agent on this node that a GPU it capped is gone for good",
     "controller": "run the cluster controller ('controller cleanup' removes its Node condition)",
+    "pool": "serve many simulated nodes from one process (scale tests, demos)",
 }
 
 
@@ -94,6 +95,10 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         from server.shim import add_shim_arguments
 
         add_shim_arguments(parser)
+    elif command == "pool":
+        from server.pool import add_pool_arguments
+
+        add_pool_arguments(parser)
     elif command == "controller":
         from controller.settings import add_controller_arguments
 
@@ -168,6 +173,13 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return run_forget(args, environ, sys.stdout)
     if args.command == "controller":
         return _controller(args, environ)
+    if args.command == "pool":
+        from server.logs import configure_logging
+        from server.pool import pool_command, run_pool
+
+        command = pool_command(args, environ)
+        configure_logging(command.log_level, command.log_format)
+        return asyncio.run(run_pool(command))
     from server.demo import demo_settings, run_demo
 
     return run_demo(demo_settings(args, environ))

@@ -105,6 +105,16 @@ class Broadcast(Generic[M]):
         self._closed = True
         self._wake()
 
+    def nudge(self) -> None:
+        """Wake every waiting subscriber as if its quiet period had passed (``QUIET``), so
+        its stream looks again at what it serves (a node gone silent, say)."""
+        waiters = self._waiters
+        if waiters:
+            self._waiters = {}
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(False)
+
     def subscribe(self, *, after: int, quiet_s: float | None) -> Subscription[M]:
         """A cursor at ``after`` (the last sequence the subscriber already has)."""
         return Subscription(self, after=after, quiet_s=quiet_s)

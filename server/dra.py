@@ -25,6 +25,7 @@ from server.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
 from server.mapping import NOT_REPORTED
+from server.nodes import NodeDirectory, metadata_node
 from server.publication import Publication, View
 
 MAX_MESSAGE = 1024  # the kubelet truncates longer messages
@@ -66,26 +67,26 @@ def device_message(state: DeviceState, view: View) -> tuple[DeviceHealth, str]:
 class _DraServicer:
     """One implementation for both API versions; ``pb`` is the version's message module."""
 
-    def __init__(self, publication: Publication, pb: ModuleType) -> None:
-        self._pub = publication
+    def __init__(self, nodes: NodeDirectory, pb: ModuleType) -> None:
+        self._nodes = nodes
         self._pb = pb
-        # Whole seconds, rounded up: the kubelet's field is an int64.
-        self._timeout_s = math.ceil(publication.stale_after_s)
 
-    def response(self, view: View) -> Any:
+    def response(self, pub: Publication, view: View) -> Any:
         pb = self._pb
+        # Whole seconds, rounded up: the kubelet's field is an int64.
+        timeout_s = math.ceil(pub.stale_after_s)
         devices = []
         for state in sorted(view.state.devices.values(), key=lambda s: s.index):
             health, message = device_message(state, view)
             devices.append(
                 pb.DeviceHealth(
                     device=pb.DeviceIdentifier(
-                        pool_name=self._pub.pool_name,
-                        device_name=self._pub.namer(state.index, state.uuid),
+                        pool_name=pub.pool_name,
+                        device_name=pub.namer(state.index, state.uuid),
                     ),
                     health=_HEALTH[health],
                     last_updated_time=int(state.last_update_wall),
-                    health_check_timeout_seconds=self._timeout_s,
+                    health_check_timeout_seconds=timeout_s,
                     message=message,
                 )
             )
@@ -94,30 +95,32 @@ class _DraServicer:
     async def NodeWatchResources(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        slot = await self._pub.admit(context)
+        # The request has no field for it: a pool's node is named in the metadata.
+        pub = (await self._nodes.resolve(metadata_node(context), context)).publication
+        slot = await pub.admit(context)
         try:
-            hub = self._pub.hub
-            view = self._pub.view()
+            hub = pub.hub
+            view = pub.view()
             cursor = view.state.sequence
-            yield self.response(view)
+            yield self.response(pub, view)
             # Re-send at least every interval: a third of the kubelet's timeout.
-            while not self._pub.stopping.is_set():
-                await hub.wait(cursor, self._pub.interval_s)
-                if self._pub.stopping.is_set():
+            while not pub.stopping.is_set():
+                await hub.wait(cursor, pub.interval_s)
+                if pub.stopping.is_set():
                     return
-                view = self._pub.view()
+                view = pub.view()
                 cursor = view.state.sequence
-                self._pub.messages_sent += 1
-                yield self.response(view)
+                pub.messages_sent += 1
+                yield self.response(pub, view)
         finally:
-            self._pub.unsubscribe(slot)
+            pub.unsubscribe(slot)
 
 
 class DraV1alpha1Servicer(_DraServicer, v1alpha1_grpc.DRAResourceHealthServicer):
-    def __init__(self, publication: Publication) -> None:
-        _DraServicer.__init__(self, publication, v1alpha1_pb)
+    def __init__(self, nodes: NodeDirectory) -> None:
+        _DraServicer.__init__(self, nodes, v1alpha1_pb)
 
 
 class DraV1Servicer(_DraServicer, v1_grpc.DRAResourceHealthServicer):
-    def __init__(self, publication: Publication) -> None:
-        _DraServicer.__init__(self, publication, v1_pb)
+    def __init__(self, nodes: NodeDirectory) -> None:
+        _DraServicer.__init__(self, nodes, v1_pb)

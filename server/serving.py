@@ -31,8 +31,9 @@ from server.gen.v1 import dra_health_pb2 as v1_pb
 from server.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
-from server.health import ListingHealthServicer, track_readiness
+from server.health import SERVICES, ListingHealthServicer, track_readiness
 from server.malformed import MalformedRequests
+from server.nodes import NodeDirectory, OneNode
 from server.publication import Publication
 from server.settings import Listener, ServerSettings, host_port
 from server.watching import NodeHealthServicer
@@ -105,12 +106,19 @@ class AgentServer:
         self,
         *,
         settings: ServerSettings,
-        publication: Publication,
+        publication: Publication | None = None,
+        nodes: NodeDirectory | None = None,
         on_fatal: Callable[[], None] = lambda: None,
     ) -> None:
+        """Serve the agent's ``publication``, or the ``nodes`` of a pool (one of the two).
+        gRPC health follows the agent's readiness; a pool's is SERVING while it runs."""
+        if (publication is None) == (nodes is None):
+            raise ValueError("serve one publication or a directory of nodes")
         self._on_fatal = on_fatal  # a supervised task died: the process must stop
         self._settings = settings
         self._pub = publication
+        self._nodes: NodeDirectory = nodes or OneNode(publication)  # type: ignore[arg-type]
+        self._stopping = False
         self._malformed = MalformedRequests()
         self._server = grpc.aio.server(interceptors=(self._malformed,), options=OPTIONS)
         self._health = ListingHealthServicer()
@@ -119,17 +127,19 @@ class AgentServer:
         self._sockets: list[Path] = []
         self._certificates: ReloadingCertificates | None = None
         self.addresses: list[str] = []  # as bound (port 0 resolved)
-        self._watch = NodeHealthServicer(publication)
+        self._watch = NodeHealthServicer(self._nodes)
         watching.add_to_server(self._watch, self._server)
         v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
-            DraV1alpha1Servicer(publication), self._server
+            DraV1alpha1Servicer(self._nodes), self._server
         )
-        v1_grpc.add_DRAResourceHealthServicer_to_server(DraV1Servicer(publication), self._server)
+        v1_grpc.add_DRAResourceHealthServicer_to_server(DraV1Servicer(self._nodes), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(SERVICE_NAMES, self._server)
 
     @property
     def publication(self) -> Publication:
+        """The agent's publication (not a pool's)."""
+        assert self._pub is not None, "a pool serves many"
         return self._pub
 
     def malformed_requests(self) -> int:
@@ -151,17 +161,23 @@ class AgentServer:
         await self._server.start()
         self._feeder = asyncio.create_task(self._watch.feed(), name="capwatch-watch-feed")
         self._feeder.add_done_callback(self._supervise)
-        self._tracker = asyncio.create_task(
-            track_readiness(self._health, self._pub), name="capwatch-grpc-health"
-        )
-        self._tracker.add_done_callback(self._supervise)
+        if self._pub is not None:
+            self._tracker = asyncio.create_task(
+                track_readiness(self._health, self._pub), name="capwatch-grpc-health"
+            )
+            self._tracker.add_done_callback(self._supervise)
+        else:
+            for service in SERVICES:
+                await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("grpc serving addresses=%s", ",".join(self.addresses))
 
     async def stop(self) -> None:
         """Readiness first, then the streams, then the server; each step bounded."""
+        self._stopping = True
         await self._health.enter_graceful_shutdown()
-        self._pub.stopping.set()
-        self._pub.hub.release_readers()  # Watch streams end with OK, not a reset
+        for served in self._nodes.served():
+            served.publication.stopping.set()
+            served.publication.hub.release_readers()  # Watch streams end with OK, not a reset
         await self._server.stop(self._settings.grace_s)
         for task in (self._feeder, self._tracker):
             if task is not None:
@@ -237,7 +253,7 @@ class AgentServer:
         self._sockets.clear()
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._pub.stopping.is_set():
+        if task.cancelled() or self._stopping:
             return
         log.error(
             "task %s ended unexpectedly; stopping", task.get_name(), exc_info=task.exception()

@@ -11,6 +11,7 @@ overwritten, receives a fresh snapshot marked ``resync``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,11 +19,12 @@ from typing import Any
 import grpc
 
 from server.broadcast import Signal
-from server.cycle_feed import CycleFeed, SharedCycle
+from server.cycle_feed import SharedCycle
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.limits import MAX_FILTER_UUIDS, MAX_HEARTBEAT_S, MAX_UUID_LENGTH, MIN_HEARTBEAT_S
 from server.mapping import Include
 from server.mapping import heartbeat as heartbeat_message
+from server.nodes import NodeDirectory, Served
 from server.publication import Publication, View
 
 log = logging.getLogger(__name__)
@@ -41,32 +43,30 @@ class NodeHealthServicer:
     servicer is registered by :func:`add_to_server` with a pass-through
     serializer for it, not by the generated helper."""
 
-    def __init__(self, publication: Publication) -> None:
-        self._pub = publication
-        self._feed = CycleFeed(publication)
+    def __init__(self, nodes: NodeDirectory) -> None:
+        self._nodes = nodes
 
     async def feed(self) -> None:
-        """Publish the hub's cycles to the streams until the hub releases its readers.
+        """Publish every node's cycles to its streams until its hub releases its readers.
 
         The server runs it as a task of its own from start to stop; the
         streams end when it does."""
-        await self._feed.run()
+        await asyncio.gather(*(served.feed.run() for served in self._nodes.served()))
 
     async def GetSnapshot(
         self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> pb.GetSnapshotResponse:
-        await self._pub.check_node(request.node_name, context)
+        pub = (await self._nodes.resolve(request.node_name, context)).publication
         include = await _filter(request.filter, context)
-        return pb.GetSnapshotResponse(
-            snapshot=self._pub.snapshot(self._pub.view(), include=include)
-        )
+        return pb.GetSnapshotResponse(snapshot=pub.snapshot(pub.view(), include=include))
 
     async def Watch(
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> AsyncIterator[bytes]:
-        await self._pub.check_node(request.node_name, context)
+        served = await self._nodes.resolve(request.node_name, context)
+        pub = served.publication
         include = await _filter(request.filter, context)
-        heartbeat_s = DEFAULT_HEARTBEAT_FACTOR * self._pub.interval_s
+        heartbeat_s = DEFAULT_HEARTBEAT_FACTOR * pub.interval_s
         requested = request.heartbeat_interval
         # Zero, sent or not, means the agent's default (the proto says so; a JSON
         # client sending "0s" sets the field).
@@ -80,64 +80,64 @@ class NodeHealthServicer:
                     f"heartbeat_interval must be between {MIN_HEARTBEAT_S:g}s and "
                     f"{MAX_HEARTBEAT_S:g}s",
                 )
-        slot = await self._pub.admit(context)
+        slot = await pub.admit(context)
         try:
-            async for message in self._stream(request, include, heartbeat_s):
-                self._pub.messages_sent += 1
+            async for message in _stream(served, request, include, heartbeat_s):
+                pub.messages_sent += 1
                 yield message
         finally:
-            self._pub.unsubscribe(slot)
+            pub.unsubscribe(slot)
 
-    async def _stream(
-        self, request: pb.WatchRequest, include: Include | None, heartbeat_s: float
-    ) -> AsyncIterator[bytes]:
-        feed = self._feed
-        feed.catch_up()  # the broadcast holds every cycle the view below may know
-        view = self._pub.view()
-        cursor = view.state.sequence
-        since = request.since_sequence
-        if since == 0:
-            yield _serialized(snapshot=self._pub.snapshot(view, include=include))
-        elif (
-            request.agent_instance_id not in ("", self._pub.hub.instance_id)
-            or since > cursor
-            or not feed.broadcast.holds_after(since)
-        ):
-            yield _serialized(snapshot=self._pub.snapshot(view, resync=True, include=include))
-        else:
-            if since == cursor:  # nothing missed: say so
-                yield _serialized(heartbeat=self._heartbeat(view))
-            cursor = since  # the missed cycles come from the broadcast's ring
-        clock = self._pub.clock
-        with feed.broadcast.subscribe(after=cursor, quiet_s=heartbeat_s) as cycles:
-            while True:
-                cycle = await cycles.next()
-                if isinstance(cycle, SharedCycle):
-                    if include is None:  # the same bytes for every stream in the window
-                        yield cycle.wire(clock.monotonic())
-                    else:
-                        yield feed.filtered(cycle, include)
-                elif cycle is Signal.CLOSED or self._pub.stopping.is_set():
-                    return
-                elif cycle is Signal.QUIET:
-                    yield _serialized(heartbeat=self._heartbeat(self._pub.view()))
-                else:  # fell behind further than the ring holds
-                    log.info("watch subscriber fell behind; resyncing cursor=%d", cycles.position)
-                    feed.catch_up()
-                    view = self._pub.view()
-                    yield _serialized(
-                        snapshot=self._pub.snapshot(view, resync=True, include=include)
-                    )
-                    cycles.position = view.state.sequence
 
-    def _heartbeat(self, view: View) -> pb.Heartbeat:
-        return heartbeat_message(
-            wall=view.now_wall,
-            sequence=view.state.sequence,
-            instance_id=self._pub.hub.instance_id,
-            ready=view.readiness,
-            last_cycle_age_s=view.last_cycle_age_s,
-        )
+async def _stream(
+    served: Served, request: pb.WatchRequest, include: Include | None, heartbeat_s: float
+) -> AsyncIterator[bytes]:
+    pub, feed = served.publication, served.feed
+    feed.catch_up()  # the broadcast holds every cycle the view below may know
+    view = pub.view()
+    cursor = view.state.sequence
+    since = request.since_sequence
+    if since == 0:
+        yield _serialized(snapshot=pub.snapshot(view, include=include))
+    elif (
+        request.agent_instance_id not in ("", pub.hub.instance_id)
+        or since > cursor
+        or not feed.broadcast.holds_after(since)
+    ):
+        yield _serialized(snapshot=pub.snapshot(view, resync=True, include=include))
+    else:
+        if since == cursor:  # nothing missed: say so
+            yield _serialized(heartbeat=_heartbeat(pub, view))
+        cursor = since  # the missed cycles come from the broadcast's ring
+    clock = pub.clock
+    with feed.broadcast.subscribe(after=cursor, quiet_s=heartbeat_s) as cycles:
+        while True:
+            cycle = await cycles.next()
+            if isinstance(cycle, SharedCycle):
+                if include is None:  # the same bytes for every stream in the window
+                    yield cycle.wire(clock.monotonic())
+                else:
+                    yield feed.filtered(cycle, include)
+            elif cycle is Signal.CLOSED or pub.stopping.is_set():
+                return
+            elif cycle is Signal.QUIET:
+                yield _serialized(heartbeat=_heartbeat(pub, pub.view()))
+            else:  # fell behind further than the ring holds
+                log.info("watch subscriber fell behind; resyncing cursor=%d", cycles.position)
+                feed.catch_up()
+                view = pub.view()
+                yield _serialized(snapshot=pub.snapshot(view, resync=True, include=include))
+                cycles.position = view.state.sequence
+
+
+def _heartbeat(pub: Publication, view: View) -> pb.Heartbeat:
+    return heartbeat_message(
+        wall=view.now_wall,
+        sequence=view.state.sequence,
+        instance_id=pub.hub.instance_id,
+        ready=view.readiness,
+        last_cycle_age_s=view.last_cycle_age_s,
+    )
 
 
 def add_to_server(servicer: NodeHealthServicer, server: grpc.aio.Server) -> None:

@@ -22,6 +22,7 @@ from agent.reports import CycleReport, GpuResult
 from server import mapping
 from server.cycle_feed import AGE_WINDOW_S, CycleFeed
 from server.gen.capwatch.v1 import node_health_pb2 as pb
+from server.nodes import OneNode
 from server.publication import Publication
 from server.watching import NodeHealthServicer
 from tests.server.harness import NODE, UUIDS, failed, ok, settings_for
@@ -63,7 +64,7 @@ class Agent:
             pool_name=NODE,
             max_subscribers=100,
         )
-        self.servicer = NodeHealthServicer(self.publication)
+        self.servicer = NodeHealthServicer(OneNode(self.publication))
         self.sequence = 0
         self._feed: asyncio.Task[None] | None = None
 

@@ -1,0 +1,293 @@
+"""``capwatch pool``: many simulated nodes behind one gRPC server, for scale tests and demos.
+
+Every node of the pool (:mod:`agent.pool`) is served as a node agent is --
+capwatch.v1 ``Watch`` and ``GetSnapshot``, the DRA mirrors, heartbeats, resume --
+selected by the node name in the request (:mod:`server.nodes`). A controller
+follows a pool exactly as it follows real agents: one stream per node, naming
+its node; a static targets file lists every node at the pool's address
+(``--targets-out`` writes it).
+
+Faults on a schedule (``--fault KIND:FRACTION@START+DURATION[/EVERY]``, see
+:mod:`agent.poolspec`) give the controller transitions to detect; with
+``--transitions-out`` every change of a node's enforcement is written as one
+JSON line (node, cycle sequence, enforced, the cycle's end in wall-clock
+seconds), which is what a benchmark measures detection latency from. Not
+for real GPUs, and nothing here writes to disk but those two files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from agent.clock import Clock, SystemClock
+from agent.errors import ConfigError
+from agent.flags import Option, add_options, optional_path, positive_float, read_options
+from agent.pool import Pool, PoolNode, PoolSettings
+from agent.poolspec import PoolFaultKind, parse_fault
+from agent.reports import CycleReport
+from agent.settings import LOG_FORMAT_OPTION, LogFormat, log_level_option
+from server.nodes import ManyNodes, NodeState
+from server.publication import Publication
+from server.serving import AgentServer
+from server.settings import DEFAULT_DEVICE_NAME, Listener, ServerSettings, host_port
+
+log = logging.getLogger(__name__)
+
+MAX_NODES = 20_000
+MAX_GPUS = 64
+# A pool serves one controller-like client per node, and test tools besides.
+STREAMS_PER_NODE = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolCommand:
+    pool: PoolSettings
+    listen: str
+    targets_out: Path | None
+    transitions_out: Path | None
+    log_level: str
+    log_format: LogFormat
+
+
+def _count(limit: int) -> Callable[[str, str], int]:
+    def convert(flag: str, text: str) -> int:
+        if not text.isdigit() or not 1 <= int(text) <= limit:
+            raise ConfigError(flag, f"must be an integer from 1 to {limit}, got {text!r}")
+        return int(text)
+
+    return convert
+
+
+def _index(flag: str, text: str) -> int:
+    if not text.isdigit():
+        raise ConfigError(flag, f"must be a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def _prefix(flag: str, text: str) -> str:
+    if not text or len(text) > 200 or not all(c.isalnum() or c in "-." for c in text):
+        raise ConfigError(flag, f"must be the start of a node name (a-z, 0-9, -, .), got {text!r}")
+    return text.lower()
+
+
+def _listen(flag: str, text: str) -> str:
+    if host_port(text) is None:
+        raise ConfigError(flag, f"expected host:port, got {text!r}")
+    return text
+
+
+_OPTIONS = (
+    Option(
+        flag="--nodes",
+        env="CAPWATCH_POOL_NODES",
+        default="12",
+        convert=_count(MAX_NODES),
+        help="how many simulated nodes",
+    ),
+    Option(
+        flag="--name-prefix",
+        env="CAPWATCH_POOL_NAME_PREFIX",
+        default="sim-node-",
+        convert=_prefix,
+        help="node names are this prefix and a number",
+    ),
+    Option(
+        flag="--first-index",
+        env="CAPWATCH_POOL_FIRST_INDEX",
+        default="0",
+        convert=_index,
+        help="the first node's number (several pools make one cluster)",
+    ),
+    Option(
+        flag="--gpus",
+        env="CAPWATCH_POOL_GPUS",
+        default="8",
+        convert=_count(MAX_GPUS),
+        help="GPUs per node",
+    ),
+    Option(
+        flag="--interval",
+        env="CAPWATCH_POOL_INTERVAL",
+        default="15",
+        convert=positive_float,
+        help="seconds each node sleeps after its cycle (cycles are staggered over it)",
+    ),
+    Option(
+        flag="--fault",
+        env="CAPWATCH_POOL_FAULTS",
+        default="",
+        convert=lambda flag, text: text,
+        repeatable=True,
+        help="KIND:FRACTION@START+DURATION[/EVERY], KIND one of write_failed, hang, silent, "
+        "vanish; repeatable",
+    ),
+    Option(
+        flag="--grpc-listen",
+        env="CAPWATCH_POOL_GRPC_LISTEN",
+        default="127.0.0.1:50051",
+        convert=_listen,
+        help="where every node is served",
+    ),
+    Option(
+        flag="--targets-out",
+        env="CAPWATCH_POOL_TARGETS_OUT",
+        default="",
+        convert=optional_path,
+        help="write a 'NODE ADDRESS' targets file for capwatch controller --targets",
+    ),
+    Option(
+        flag="--transitions-out",
+        env="CAPWATCH_POOL_TRANSITIONS_OUT",
+        default="",
+        convert=optional_path,
+        help="append one JSON line per change of a node's enforcement (for benchmarks)",
+    ),
+    log_level_option("info"),
+    LOG_FORMAT_OPTION,
+)
+
+
+def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, _OPTIONS)
+
+
+def pool_command(namespace: argparse.Namespace, environ: Mapping[str, str]) -> PoolCommand:
+    values = read_options(namespace, environ, _OPTIONS)
+    faults = tuple(
+        parse_fault("--fault", text, slot=slot) for slot, text in enumerate(values["fault"])
+    )
+    return PoolCommand(
+        pool=PoolSettings(
+            nodes=values["nodes"],
+            name_prefix=values["name_prefix"],
+            first_index=values["first_index"],
+            gpus=values["gpus"],
+            interval_s=values["interval"],
+            faults=faults,
+        ),
+        listen=values["grpc_listen"],
+        targets_out=values["targets_out"],
+        transitions_out=values["transitions_out"],
+        log_level=values["log_level"],
+        log_format=values["log_format"],
+    )
+
+
+def _server_settings(listen: str) -> ServerSettings:
+    return ServerSettings(
+        listeners=(Listener(address=listen),),
+        tls=None,
+        socket_group=None,
+        dra_pool_name=None,
+        dra_device_name=DEFAULT_DEVICE_NAME,
+        max_subscribers=STREAMS_PER_NODE,
+        grace_s=1.0,
+        reserved_local_subscribers=0,
+        max_streams_per_peer=STREAMS_PER_NODE,
+    )
+
+
+class _Transitions:
+    """One JSON line per change of a node's enforcement (written on the cycle thread)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._enforced: dict[str, bool] = {}
+
+    def __call__(self, node: PoolNode, report: CycleReport) -> None:
+        if self._enforced.get(node.name) == report.enforced:
+            return
+        self._enforced[node.name] = report.enforced
+        line = {
+            "node": node.name,
+            "sequence": report.sequence,
+            "enforced": report.enforced,
+            "finished_wall": report.finished_wall,
+            "failure": report.failure_summary,
+        }
+        self._out.write(json.dumps(line) + "\n")
+        self._out.flush()
+
+
+async def run_pool(
+    command: PoolCommand, *, clock: Clock | None = None, stop: asyncio.Event | None = None
+) -> int:
+    """Serve the pool until SIGTERM/SIGINT (or ``stop``). Raises CapwatchError at start."""
+    clock = clock or SystemClock()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    transitions_file = None
+    if command.transitions_out is not None:
+        try:
+            transitions_file = command.transitions_out.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError("--transitions-out", f"cannot open: {exc.strerror}") from exc
+    holder: dict[str, ManyNodes] = {}
+
+    def on_faults(node: str, kinds: frozenset[PoolFaultKind]) -> None:
+        state = NodeState.SERVING
+        if PoolFaultKind.VANISH in kinds:
+            state = NodeState.VANISHED
+        elif PoolFaultKind.SILENT in kinds:
+            state = NodeState.SILENT
+        loop.call_soon_threadsafe(holder["nodes"].set_state, node, state)
+
+    pool = Pool(
+        command.pool,
+        clock=clock,
+        on_faults=on_faults,
+        on_cycle=None if transitions_file is None else _Transitions(transitions_file),
+    )
+    settings = _server_settings(command.listen)
+    namer = settings.device_namer()
+    nodes = ManyNodes(
+        {
+            name: Publication(
+                hub=node.hub,
+                clock=clock,
+                node_name=name,
+                interval_s=command.pool.interval_s,
+                namer=namer,
+                pool_name=name,
+                max_subscribers=STREAMS_PER_NODE,
+                max_per_peer=STREAMS_PER_NODE,
+            )
+            for name, node in pool.nodes.items()
+        }
+    )
+    holder["nodes"] = nodes
+    server = AgentServer(settings=settings, nodes=nodes, on_fatal=stop.set)
+    await server.start()
+    address = server.addresses[0]
+    if command.targets_out is not None:
+        command.targets_out.write_text("".join(f"{name} {address}\n" for name in pool.names()))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    pool.start()
+    log.info(
+        "pool serving nodes=%d gpus=%d interval=%gs address=%s faults=%d",
+        len(pool.nodes),
+        command.pool.gpus,
+        command.pool.interval_s,
+        address,
+        len(command.pool.faults),
+    )
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.stop()
+        pool.stop()
+        if transitions_file is not None:
+            transitions_file.close()
+    log.info("pool stopped cycles=%d skipped=%d", pool.cycles, pool.skipped)
+    return 0
