@@ -106,8 +106,8 @@ def parse_fault(flag: str, text: str, *, slot: int = 0) -> PoolFault:
 
 
 def node_names(count: int, *, prefix: str, first: int = 0) -> tuple[str, ...]:
-    width = max(1, len(str(first + count - 1)))
-    return tuple(f"{prefix}{i:0{width}d}" for i in range(first, first + count))
+    """``prefix`` and the number, unpadded: several pools (``first``) name one cluster."""
+    return tuple(f"{prefix}{i}" for i in range(first, first + count))
 
 
 def node_scenario(node: str, *, gpus: int, safe_default_watts: int = 300) -> Scenario:

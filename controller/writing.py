@@ -15,9 +15,11 @@ What is written where:
 What the Node carries comes from the node watch (so a new leader starts from
 the API's truth, not from nothing) and from this writer's own successful
 writes. Writes go through a queue keyed by node (a node queued twice is
-written once, with its latest state) served by a few workers; a failed write
-is retried with exponential backoff (and the server's Retry-After), a node
-that no longer exists is dropped.
+written once, with its latest state) served by a few workers; a change goes
+ahead of every heartbeat waiting (a round of thousands of heartbeats must not
+delay the news of a failure); a failed write is retried with exponential
+backoff (and the server's Retry-After), a node that no longer exists is
+dropped.
 
 Fencing: no write starts unless the :class:`Fence` says this replica leads
 and renewed its lease within the renew deadline, and its request may take no
@@ -28,6 +30,7 @@ that need writing are held, and queued again when it may.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ from controller.tracking import NodeState
 log = logging.getLogger(__name__)
 
 DEFAULT_HEARTBEAT_S = 300.0
+_CHANGE, _HEARTBEAT = 0, 1  # queue priorities
 DEFAULT_WORKERS = 8
 REQUEST_TIMEOUT_S = 10.0
 RETRY_INITIAL_S = 0.5
@@ -110,8 +114,10 @@ class ConditionWriter:
         self._rng = rng or random.Random()
         self._desired: dict[str, NodeState] = {}
         self._written: dict[str, NodeCondition] = {}
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
+        # (priority, order, node): changes (0) before heartbeats (1), each in order.
+        self._queue: asyncio.PriorityQueue[tuple[int, int, str]] = asyncio.PriorityQueue()
+        self._queued: dict[str, int] = {}  # node -> the priority it is queued at
+        self._order = itertools.count()
         self._held: set[str] = set()
         self._attempts: dict[str, int] = {}
         self._retries: dict[str, asyncio.TimerHandle] = {}
@@ -191,11 +197,14 @@ class ConditionWriter:
         written = self._written.get(node)
         return written is not None and now_wall - written.last_heartbeat_wall >= self._heartbeat_s
 
-    def _enqueue(self, node: str) -> None:
-        if self._stopping or node in self._queued or node in self._retries:
+    def _enqueue(self, node: str, *, heartbeat: bool = False) -> None:
+        priority = _HEARTBEAT if heartbeat else _CHANGE
+        queued = self._queued.get(node)
+        if self._stopping or node in self._retries or (queued is not None and queued <= priority):
             return
-        self._queued.add(node)
-        self._queue.put_nowait(node)
+        # A heartbeat already queued is overtaken; its entry is skipped when reached.
+        self._queued[node] = priority
+        self._queue.put_nowait((priority, next(self._order), node))
 
     async def _heartbeats(self) -> None:
         # Each node's heartbeat is due on its own schedule (when it was last
@@ -206,12 +215,14 @@ class ConditionWriter:
             now_wall = self._clock.wall()
             for node in list(self._desired):
                 if self._heartbeat_due(node, now_wall):
-                    self._enqueue(node)
+                    self._enqueue(node, heartbeat=True)
 
     async def _work(self) -> None:
         while True:
-            node = await self._queue.get()
-            self._queued.discard(node)
+            priority, _, node = await self._queue.get()
+            if self._queued.get(node) != priority:
+                continue  # overtaken by a change queued after it, already written
+            del self._queued[node]
             try:
                 await self._write(node)
             except Exception:  # one node's surprise must not stop the worker

@@ -10,8 +10,9 @@ its node; a static targets file lists every node at the pool's address
 Faults on a schedule (``--fault KIND:FRACTION@START+DURATION[/EVERY]``, see
 :mod:`agent.poolspec`) give the controller transitions to detect; with
 ``--transitions-out`` every change of a node's enforcement is written as one
-JSON line (node, cycle sequence, enforced, the cycle's end in wall-clock
-seconds), which is what a benchmark measures detection latency from. Not
+JSON line (node, cycle sequence, enforced, the cycle's end in wall-clock and
+in monotonic seconds), which is what a benchmark measures detection latency
+from. Not
 for real GPUs, and nothing here writes to disk but those two files.
 """
 
@@ -211,6 +212,8 @@ class _Transitions:
             "sequence": report.sequence,
             "enforced": report.enforced,
             "finished_wall": report.finished_wall,
+            # CLOCK_MONOTONIC: one clock for every process on the machine (benchmarks).
+            "finished_monotonic": report.finished_monotonic,
             "failure": report.failure_summary,
         }
         self._out.write(json.dumps(line) + "\n")

@@ -1,0 +1,492 @@
+"""A simulated cluster of 5,000 nodes x 8 GPUs, and the controller(s) following it.
+
+Processes, all real: ``capwatch pool`` x ``--pools`` holding the nodes (15 s
+interval, cycles staggered), the fake Kubernetes API server with the GPU
+nodes (bench/apiserver_proc.py), and ``capwatch controller`` (``--shards``
+of them, one per shard) following every node through static discovery (the
+pools write the targets file) and writing conditions to the API server.
+Early in the run a fraction of the nodes start failing their cap writes for
+a while (the pools' fault schedule); the bench measures, each figure beside
+its target:
+
+- time until every stream is subscribed (<= 30 s);
+- controller CPU (cores) and RSS in steady state (<= 0.25 core, <= 512 MiB), per shard;
+- detection latency, from the failed cycle's end (the pool's record, on
+  CLOCK_MONOTONIC, one clock for every process here) to the PATCH received by
+  the API server, p50/p99 (p99 <= 2 s); and back to True;
+- API writes per second in steady state (<= nodes/300 plus transitions);
+- the cluster stream's fan-out to 10 subscribers: update received, from the
+  failed cycle's end, p50/p99;
+- with shards: every node followed by exactly one shard, and the fraction of
+  nodes that move when going from 2 to 3 shards.
+
+    PYTHONPATH=. .venv/bin/python bench/cluster.py [--nodes 5000] [--shards 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.poolspec import node_names
+from controller.sharding import shard_of
+from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from server.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
+
+PREFIX = "sim-node-"
+GPU_LABEL = "nvidia.com/gpu.present=true"
+CAPWATCH = (sys.executable, "-m", "capwatch.cli")
+SUBSCRIBERS = 10
+_STATUS = {
+    cpb.CONDITION_STATUS_TRUE: "True",
+    cpb.CONDITION_STATUS_FALSE: "False",
+    cpb.CONDITION_STATUS_UNKNOWN: "Unknown",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+@dataclass
+class Controller:
+    shard: int
+    proc: subprocess.Popen[bytes]
+    grpc_port: int
+    metrics_port: int
+    log: Path
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    work: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    api: subprocess.Popen[str] | None = None
+    controllers: list[Controller] = field(default_factory=list)
+    transitions: list[Path] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for proc in [c.proc for c in self.controllers] + self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in [c.proc for c in self.controllers] + self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+        if self.api is not None and self.api.poll() is None:
+            assert self.api.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                self.api.stdin.write("quit\n")
+                self.api.stdin.flush()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.api.wait(10)
+
+
+def start_api(run: Run) -> str:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    run.api = subprocess.Popen(
+        [sys.executable, "bench/apiserver_proc.py", str(run.args.nodes), PREFIX, GPU_LABEL],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert run.api.stdout is not None
+    line = run.api.stdout.readline().split()
+    if line[:1] != ["url"]:
+        raise SystemExit("the fake API server did not start")
+    return line[1]
+
+
+def api_writes(run: Run) -> list[dict[str, object]]:
+    assert run.api is not None and run.api.stdin is not None and run.api.stdout is not None
+    path = run.work / "writes.jsonl"
+    run.api.stdin.write(f"writes {path}\n")
+    run.api.stdin.flush()
+    assert run.api.stdout.readline().strip() == "ok"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def start_pools(run: Run) -> list[Path]:
+    a = run.args
+    per = -(-a.nodes // a.pools)
+    fault = f"write_failed:{a.fail_fraction}@{a.fail_at}+{a.fail_for}"
+    targets = []
+    for k in range(a.pools):
+        first, count = k * per, min(per, a.nodes - k * per)
+        if count <= 0:
+            break
+        out, trans = run.work / f"targets-{k}.txt", run.work / f"transitions-{k}.jsonl"
+        log = (run.work / f"pool-{k}.log").open("wb")
+        run.procs.append(
+            subprocess.Popen(
+                [
+                    *CAPWATCH,
+                    "pool",
+                    "--nodes", str(count),
+                    "--first-index", str(first),
+                    "--name-prefix", PREFIX,
+                    "--gpus", str(a.gpus),
+                    "--interval", str(a.interval),
+                    "--grpc-listen", f"127.0.0.1:{free_port()}",
+                    "--targets-out", str(out),
+                    "--transitions-out", str(trans),
+                    "--fault", fault,
+                    "--log-level", "warning",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )  # fmt: skip
+        targets.append(out)
+        run.transitions.append(trans)
+    return targets
+
+
+def kubeconfig(url: str, path: Path) -> None:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
+        "users: [{name: fake, user: {}}]\n"
+        "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+    )
+
+
+def start_controllers(run: Run, targets: Path, config: Path) -> None:
+    a = run.args
+    for shard in range(a.shards):
+        grpc_port, metrics_port = free_port(), free_port()
+        log = run.work / f"controller-{shard}.log"
+        proc = subprocess.Popen(
+            [
+                *CAPWATCH,
+                "controller",
+                "--targets", str(targets),
+                "--namespace", "bench",
+                "--kubeconfig", str(config),
+                "--gpu-node-selector", GPU_LABEL,
+                "--shards", str(a.shards),
+                "--shard-index", str(shard),
+                "--identity", f"bench-controller-{shard}",
+                "--condition-heartbeat", str(a.heartbeat),
+                "--grpc-listen", f"127.0.0.1:{grpc_port}",
+                "--metrics-port", str(metrics_port),
+                "--probe-port", "0",
+                "--log-level", "warning",
+            ],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        run.controllers.append(Controller(shard, proc, grpc_port, metrics_port, log))
+
+
+def connected(controller: Controller) -> int:
+    try:
+        found = scrape(controller.metrics_port)
+    except OSError:
+        return 0
+    return int(found.get(("capwatch_controller_streams", (("state", "connected"),)), 0))
+
+
+async def subscribe(
+    address: str, received: list[tuple[str, str, float]], ready: asyncio.Event
+) -> None:
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = cpb_grpc.ClusterHealthServiceStub(channel).Watch(
+            cpb.ClusterHealthServiceWatchRequest()
+        )
+        async for message in call:
+            now = time.monotonic()
+            if message.HasField("snapshot"):
+                ready.set()
+            elif message.HasField("update"):
+                node = message.update.node
+                status = _STATUS.get(node.condition.status, "?")
+                received.append((node.node_name, status, now))
+
+
+def failures(run: Run) -> dict[str, tuple[float, float | None]]:
+    """Per node hit by the fault: (its first failed cycle's end, its first good one after)."""
+    out: dict[str, tuple[float, float | None]] = {}
+    for path in run.transitions:
+        for line in path.read_text().splitlines():
+            t = json.loads(line)
+            node, at = t["node"], t["finished_monotonic"]
+            if not t["enforced"] and node not in out:
+                out[node] = (at, None)
+            elif t["enforced"] and node in out and out[node][1] is None:
+                out[node] = (out[node][0], at)
+    return out
+
+
+def latencies(
+    failed: dict[str, tuple[float, float | None]], seen: list[tuple[str, str, float]]
+) -> tuple[list[float], list[float]]:
+    """(to False, back to True): from each cycle's end to the first sighting after it."""
+    by_node: dict[str, list[tuple[str, float]]] = {}
+    for node, status, at in seen:
+        by_node.setdefault(node, []).append((status, at))
+    down, up = [], []
+    for node, (fail_at, ok_at) in failed.items():
+        sightings = by_node.get(node, [])
+        hits = [at for status, at in sightings if status == "False" and at >= fail_at]
+        if hits:
+            down.append(min(hits) - fail_at)
+        backs = [at for status, at in sightings if status == "True" and ok_at and at >= ok_at]
+        if backs and ok_at is not None:
+            up.append(min(backs) - ok_at)
+    return down, up
+
+
+def line(what: str, value: str, target: str, met: bool | None) -> None:
+    verdict = "" if met is None else ("met" if met else "MISSED")
+    print(f"  {what:<54} {value:>22}   target {target:<20} {verdict}")
+
+
+async def measure(run: Run) -> int:
+    a = run.args
+    started = time.monotonic()
+    url = start_api(run)
+    config = run.work / "kubeconfig"
+    kubeconfig(url, config)
+    targets = start_pools(run)
+    deadline = time.monotonic() + 120
+    while not all(t.exists() and t.read_text().count("\n") for t in targets):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in run.procs):
+            raise SystemExit("the pools did not start")
+        await asyncio.sleep(0.2)
+    pools_ready = time.monotonic()
+    merged = run.work / "targets.txt"
+    merged.write_text("".join(t.read_text() for t in targets))
+    print(
+        f"{a.nodes} nodes x {a.gpus} GPUs in {len(targets)} pools, {a.interval:g} s interval, "
+        f"ready {pools_ready - started:.1f} s after start; {a.shards} controller shard(s)"
+    )
+    start_controllers(run, merged, config)
+    launched = time.monotonic()
+    shares = {
+        c.shard: sum(
+            1 for n in node_names(a.nodes, prefix=PREFIX) if shard_of(n, a.shards) == c.shard
+        )
+        for c in run.controllers
+    }
+    while sum(connected(c) for c in run.controllers) < a.nodes:
+        if time.monotonic() - launched > 120 or any(
+            c.proc.poll() is not None for c in run.controllers
+        ):
+            raise SystemExit(
+                f"not subscribed: {sum(connected(c) for c in run.controllers)} of {a.nodes}"
+            )
+        await asyncio.sleep(0.25)
+    subscribed = time.monotonic() - launched
+    received: list[list[tuple[str, str, float]]] = [[] for _ in range(SUBSCRIBERS)]
+    tasks = []
+    for k in range(SUBSCRIBERS):
+        controller = run.controllers[k % len(run.controllers)]
+        ready = asyncio.Event()
+        tasks.append(
+            asyncio.create_task(subscribe(f"127.0.0.1:{controller.grpc_port}", received[k], ready))
+        )
+        await asyncio.wait_for(ready.wait(), 30)
+    # The first write of every node (True) is a burst; steady state starts after it.
+    while len(api_writes(run)) < a.nodes:
+        if time.monotonic() - launched > 180:
+            raise SystemExit("the initial condition writes did not finish")
+        await asyncio.sleep(1)
+    settle_end = time.monotonic() + 5
+    await asyncio.sleep(max(0.0, settle_end - time.monotonic()))
+    window_start = time.monotonic()
+    cpu0 = {c.shard: cpu_seconds(c.proc.pid) for c in run.controllers}
+    fail_abs = pools_ready + a.fail_at - 1.0  # the pools started about when their targets appeared
+    window_end = min(window_start + a.steady, fail_abs - 2.0)
+    if window_end - window_start < 20:
+        print("  (steady window shortened by the fault schedule: raise --fail-at)")
+        window_end = max(window_end, window_start + 10)
+    rss_samples: dict[int, list[float]] = {c.shard: [] for c in run.controllers}
+    while time.monotonic() < window_end:
+        for c in run.controllers:
+            rss_samples[c.shard].append(rss_mib(c.proc.pid))
+        await asyncio.sleep(1)
+    window = time.monotonic() - window_start
+    cpu = {c.shard: (cpu_seconds(c.proc.pid) - cpu0[c.shard]) / window for c in run.controllers}
+    writes = api_writes(run)
+    steady_writes = sum(1 for w in writes if window_start <= w["at"] < window_start + window)
+    # The fault window and the recovery, then a few seconds for the last writes.
+    end = pools_ready + a.fail_at + a.fail_for + 3 * a.interval + 5
+    while time.monotonic() < end:
+        await asyncio.sleep(1)
+    for task in tasks:
+        task.cancel()
+    failed = failures(run)
+    writes = api_writes(run)
+    patched = [(w["node"], str(w["status"]), float(w["at"])) for w in writes]  # type: ignore[arg-type]
+    down, up = latencies(failed, patched)
+    fan_down: list[float] = []
+    for seen in received:
+        d, _ = latencies(failed, seen)
+        fan_down += d
+    non_holders = sum(1 for w in writes if "bench-controller-" not in str(w["user_agent"]))
+
+    print("results")
+    line("all streams subscribed", f"{subscribed:.1f} s", "<= 30 s", subscribed <= 30)
+    for c in run.controllers:
+        rss = max(rss_samples[c.shard]) if rss_samples[c.shard] else float("nan")
+        tag = f"shard {c.shard} ({shares[c.shard]} nodes)"
+        line(
+            f"controller CPU, steady, {tag}",
+            f"{cpu[c.shard]:.3f} cores",
+            "<= 0.25 core",
+            cpu[c.shard] <= 0.25,
+        )
+        line(f"controller RSS, steady, {tag}", f"{rss:.0f} MiB", "<= 512 MiB", rss <= 512)
+        per_node = 1024 * rss / max(1, shares[c.shard])
+        line(f"  RSS per followed node, {tag}", f"{per_node:.0f} KiB", "-", None)
+    budget = a.nodes / a.heartbeat
+    rate = steady_writes / window
+    line(
+        f"API writes/s in {window:.0f} s of steady state",
+        f"{rate:.2f}/s",
+        f"<= {budget:.1f}/s + transitions",
+        rate <= budget,
+    )
+    line(f"nodes failing (of {a.nodes})", f"{len(failed)}", f"about {a.fail_fraction:.0%}", None)
+    line(
+        "detection: failed cycle end -> PATCH False, p50",
+        f"{percentile(down, 50) * 1000:.0f} ms",
+        "-",
+        None,
+    )
+    line(
+        "detection: failed cycle end -> PATCH False, p99",
+        f"{percentile(down, 99) * 1000:.0f} ms",
+        "<= 2000 ms",
+        bool(down) and percentile(down, 99) <= 2.0,
+    )
+    line("  detected / failing", f"{len(down)}/{len(failed)}", "all", len(down) == len(failed))
+    line(
+        "recovery: good cycle end -> PATCH True, p50 / p99",
+        f"{percentile(up, 50) * 1000:.0f} / {percentile(up, 99) * 1000:.0f} ms",
+        "-",
+        None,
+    )
+    line(
+        f"cluster stream to {SUBSCRIBERS} subscribers: cycle end -> update, p50",
+        f"{percentile(fan_down, 50) * 1000:.0f} ms",
+        "-",
+        None,
+    )
+    line(
+        f"cluster stream to {SUBSCRIBERS} subscribers: cycle end -> update, p99",
+        f"{percentile(fan_down, 99) * 1000:.0f} ms",
+        "-",
+        None,
+    )
+    line(
+        "  updates seen / expected",
+        f"{len(fan_down)}/{len(failed) * SUBSCRIBERS}",
+        "all",
+        len(fan_down) == len(failed) * SUBSCRIBERS,
+    )
+    line("writes from anyone but a controller", f"{non_holders}", "0", non_holders == 0)
+    if a.shards > 1:
+        owned: dict[str, int] = {}
+        for c in run.controllers:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{c.grpc_port}") as channel:
+                snap = await cpb_grpc.ClusterHealthServiceStub(channel).GetClusterSnapshot(
+                    cpb.GetClusterSnapshotRequest()
+                )
+            for n in snap.snapshot.nodes:
+                owned[n.node_name] = owned.get(n.node_name, 0) + 1
+        once = sum(1 for v in owned.values() if v == 1)
+        line(
+            "nodes followed by exactly one shard",
+            f"{once}/{a.nodes}",
+            "all",
+            once == a.nodes and len(owned) == a.nodes,
+        )
+    names = node_names(a.nodes, prefix=PREFIX)
+    moved = sum(1 for n in names if shard_of(n, 2) != shard_of(n, 3)) / len(names)
+    line(
+        "nodes that move when 2 shards become 3",
+        f"{moved:.3f}",
+        "about 1/3",
+        abs(moved - 1 / 3) < 0.05,
+    )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pools", type=int, default=4)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--interval", type=float, default=15.0)
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--heartbeat", type=float, default=300.0, help="--condition-heartbeat")
+    parser.add_argument(
+        "--steady", type=float, default=45.0, help="seconds of steady state to measure"
+    )
+    parser.add_argument("--fail-fraction", type=float, default=0.02)
+    parser.add_argument("--fail-at", type=float, default=120.0, help="s after the pools start")
+    parser.add_argument("--fail-for", type=float, default=30.0)
+    parser.add_argument("--keep", type=Path, help="keep the logs and records in this directory")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="capwatch-cluster-bench-") as tmp:
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        run = Run(args=args, work=work)
+        try:
+            return asyncio.run(measure(run))
+        finally:
+            run.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
