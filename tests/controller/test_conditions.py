@@ -275,6 +275,15 @@ def test_bounded_cuts_to_exactly_the_limit() -> None:
     assert bounded("abcdefghijklmnopqrstuvwxyz", limit=20) == "abcd ... (truncated)"
 
 
+def test_unknown_messages_are_bounded_too() -> None:
+    """The stream error an unreachable agent is reported with (a TLS failure can carry a
+    long debug string) does not stretch the message past MAX_MESSAGE."""
+    seen = observation(AgentLink.UNREACHABLE, link_error="handshake failed: " + "e" * 5000)
+    message = condition_of(seen, NOW).message
+    assert len(message) <= MAX_MESSAGE
+    assert message.startswith("the capwatch agent at 10.0.0.1:50051 is unreachable: handshake")
+
+
 def test_count_by_status_has_every_status() -> None:
     """The counts have all three statuses, zero where no node has it."""
     true = Condition(status=S.TRUE, reason=R.CAPS_ENFORCED, message="")
