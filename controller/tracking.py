@@ -125,7 +125,11 @@ class NodeTracker:
             self._on_cycle(seen, event)
         elif isinstance(event, Disconnected):
             self._on_disconnected(seen, event)
-        elif isinstance(event, Heartbeat) and seen.link is not AgentLink.CONNECTED:
+        elif (
+            isinstance(event, Heartbeat)
+            and seen.link is not AgentLink.CONNECTED
+            and seen.node not in self._misdirected
+        ):
             self._update(replace(seen, link=AgentLink.CONNECTED, link_error=""))
 
     def _on_snapshot(self, seen: NodeObservation, event: Snapshot) -> None:

@@ -212,6 +212,22 @@ async def test_a_snapshot_for_another_node_is_refused_and_its_cycles_ignored() -
 
 
 @pytest.mark.asyncio
+async def test_a_heartbeat_from_a_misdirected_stream_does_not_connect_the_node() -> None:
+    """Nothing a stream answering for another node says counts: its heartbeats do not
+    bring the node back from AgentUnreachable."""
+    tracker, _, clock = tracker_and_listener()
+    connected(tracker, clock)
+    tracker.on_event(NODE, snapshot_event(snapshot("gpu-9"), at=clock.monotonic()))
+    tracker.on_event(NODE, heartbeat_event(at=clock.monotonic()))
+    state = tracker.get(NODE)
+    assert state is not None
+    assert state.observation.link is AgentLink.UNREACHABLE
+    assert state.condition.key == (S.UNKNOWN, R.AGENT_UNREACHABLE)
+    assert "'gpu-9'" in state.observation.link_error
+    tracker.close()
+
+
+@pytest.mark.asyncio
 async def test_a_snapshot_without_a_node_name_is_accepted() -> None:
     """An agent that does not name its node (an older one) is trusted."""
     tracker, _, clock = tracker_and_listener()
