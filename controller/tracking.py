@@ -192,7 +192,9 @@ class NodeTracker:
 
     def recheck(self, node: str) -> None:
         """Re-derive ``node``'s condition now (its staleness timer fired)."""
-        self._timers.pop(node, None)
+        timer = self._timers.pop(node, None)
+        if timer is not None:
+            timer.cancel()  # called directly, before it fired: _update arms a new one
         state = self._states.get(node)
         if state is not None:
             self._update(state.observation)

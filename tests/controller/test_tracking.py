@@ -403,3 +403,22 @@ async def test_a_cycle_already_stale_when_it_arrives_is_stale_at_once() -> None:
     connected(tracker, clock, age_s=60.0)
     assert listener.changes[-1].condition.key == (S.UNKNOWN, R.CYCLE_STALE)
     tracker.close()
+
+
+@pytest.mark.asyncio
+async def test_recheck_rederives_the_condition_at_the_clocks_now() -> None:
+    """recheck() (what the timer calls) re-reads the condition at the clock's now: before
+    the bound the node stays True, after it CycleStale; an untracked node is ignored."""
+    tracker, listener, clock = tracker_and_listener()
+    connected(tracker, clock)
+    tracker.recheck(NODE)
+    tracker.recheck("gpu-unknown")
+    assert reason_of(tracker) == (S.TRUE, R.CAPS_ENFORCED)
+    assert tracker.get("gpu-unknown") is None
+    tracker.close()  # no timer: only recheck can notice the time now
+    await asyncio.sleep(50)
+    assert reason_of(tracker) == (S.TRUE, R.CAPS_ENFORCED)
+    tracker.recheck(NODE)
+    assert reason_of(tracker) == (S.UNKNOWN, R.CYCLE_STALE)
+    assert listener.changes[-1].condition.key == (S.UNKNOWN, R.CYCLE_STALE)
+    tracker.close()
