@@ -15,9 +15,10 @@ What is written where:
 What the Node carries comes from the node watch (so a new leader starts from
 the API's truth, not from nothing) and from this writer's own successful
 writes. Writes go through a queue keyed by node (a node queued twice is
-written once, with its latest state) served by a few workers; a failed write
-is retried with exponential backoff (and the server's Retry-After), a node
-that no longer exists is dropped.
+written once, with its latest state; one changed while its write is in
+flight is written again after it, never beside it) served by a few workers;
+a failed write is retried with exponential backoff (and the server's
+Retry-After), a node that no longer exists is dropped.
 
 Fencing: no write starts unless the :class:`Fence` says this replica leads
 and renewed its lease within the renew deadline, and its request may take no
@@ -112,6 +113,10 @@ class ConditionWriter:
         self._written: dict[str, NodeCondition] = {}
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
+        # A node being written is not written beside itself: a change meanwhile queues it
+        # again when its write ends.
+        self._writing: set[str] = set()
+        self._again: set[str] = set()
         self._held: set[str] = set()
         self._attempts: dict[str, int] = {}
         self._retries: dict[str, asyncio.TimerHandle] = {}
@@ -189,6 +194,9 @@ class ConditionWriter:
     def _enqueue(self, node: str) -> None:
         if self._stopping or node in self._queued or node in self._retries:
             return
+        if node in self._writing:
+            self._again.add(node)
+            return
         self._queued.add(node)
         self._queue.put_nowait(node)
 
@@ -207,11 +215,17 @@ class ConditionWriter:
         while True:
             node = await self._queue.get()
             self._queued.discard(node)
+            self._writing.add(node)
             try:
                 await self._write(node)
             except Exception:  # one node's surprise must not stop the worker
                 log.exception("writing the condition of node=%s failed unexpectedly", node)
                 self._retry_later(node, None)
+            finally:
+                self._writing.discard(node)
+                if node in self._again:
+                    self._again.discard(node)
+                    self._enqueue(node)
 
     async def _write(self, node: str) -> None:
         state = self._desired.get(node)

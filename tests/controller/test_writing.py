@@ -390,6 +390,30 @@ async def test_a_node_queued_many_times_is_written_once_with_its_latest_state() 
 
 
 @pytest.mark.asyncio
+async def test_one_write_at_a_time_per_node() -> None:
+    """Changes that arrive while a node's write is in flight do not start a second write
+    for it beside the first; once it ends, the latest state is written after it."""
+    rig = Rig(workers=4)
+    gate = rig.api.gates[NODE] = asyncio.Event()
+    rig.change(WRITE_FAILED, "first")
+    await settle()
+    rig.change(RELEASE_FAILED, "second")
+    rig.change(UNREACHABLE, "third")
+    await asyncio.sleep(1)
+    assert rig.api.most_in_flight[NODE] == 1
+    gate.set()
+    await settle()
+    assert [(c.key, c.message) for c in rig.api.written(NODE)] == [
+        (key(WRITE_FAILED), "first"),
+        (key(UNREACHABLE), "third"),
+    ]
+    last = rig.writer.written(NODE)
+    assert last is not None
+    assert last.message == "third"
+    await rig.writer.stop()
+
+
+@pytest.mark.asyncio
 async def test_many_nodes_are_written_concurrently_by_the_workers() -> None:
     """The workers write different nodes at the same time (one slow Node holds up one)."""
     rig = Rig(workers=4)
