@@ -32,7 +32,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.clock import Clock
 from controller.conditions import Condition, ConditionStatus
@@ -121,6 +121,7 @@ class ConditionWriter:
         self._attempts: dict[str, int] = {}
         self._retries: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._busy: set[asyncio.Task[Any]] = set()  # workers in the middle of a write
         self._stopping = False
         self.writes_in_flight = 0
 
@@ -175,8 +176,11 @@ class ConditionWriter:
         for handle in self._retries.values():
             handle.cancel()
         self._retries.clear()
+        # A write in flight is not cancelled: its request would go on without us (on
+        # the API client's thread), past the release of the Lease. Its worker ends after it.
         for task in self._tasks:
-            task.cancel()
+            if task not in self._busy:
+                task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
@@ -212,16 +216,20 @@ class ConditionWriter:
                     self._enqueue(node)
 
     async def _work(self) -> None:
-        while True:
+        worker = asyncio.current_task()
+        assert worker is not None
+        while not self._stopping:
             node = await self._queue.get()
             self._queued.discard(node)
             self._writing.add(node)
+            self._busy.add(worker)
             try:
                 await self._write(node)
             except Exception:  # one node's surprise must not stop the worker
                 log.exception("writing the condition of node=%s failed unexpectedly", node)
                 self._retry_later(node, None)
             finally:
+                self._busy.discard(worker)
                 self._writing.discard(node)
                 if node in self._again:
                     self._again.discard(node)

@@ -460,6 +460,29 @@ async def test_a_surprise_from_the_api_is_retried_and_the_workers_survive() -> N
 
 
 @pytest.mark.asyncio
+async def test_stop_waits_for_the_write_in_flight_and_starts_no_new_one() -> None:
+    """stop() lets a write already sent finish (it is not cancelled: the request would go
+    on without us, past the Lease's release) and then writes nothing more."""
+    rig = Rig()
+    gate = rig.api.gates[NODE] = asyncio.Event()
+    rig.change(WRITE_FAILED)
+    await settle()
+    stopping = asyncio.create_task(rig.writer.stop())
+    await asyncio.sleep(1)
+    assert not stopping.done()
+    gate.set()
+    await stopping
+    assert rig.api.cancelled == []
+    assert rig.keys() == [key(WRITE_FAILED)]
+    assert rig.writer.writes_in_flight == 0
+    rig.change(TRUE)
+    rig.change(TRUE, node="gpu-2")
+    await asyncio.sleep(600)
+    assert len(rig.api.attempts) == 1
+    assert rig.writer.tasks == []
+
+
+@pytest.mark.asyncio
 async def test_stop_drops_pending_retries() -> None:
     """A retry pending at stop() never runs."""
     rig = Rig()
