@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from agent.clock import Clock
@@ -128,6 +128,15 @@ class ConditionWriter:
     # --- inputs --------------------------------------------------------------------------
 
     def node_changed(self, state: NodeState) -> None:
+        pending = self._desired.get(state.node)
+        if (
+            pending is not None
+            and pending.cycle_end_at is not None
+            and _key(pending.condition) == _key(state.condition)
+            and self._needs_write(state.node)
+        ):
+            # Not written yet: its detection latency runs from the cycle that changed it.
+            state = replace(state, cycle_end_at=pending.cycle_end_at)
         self._desired[state.node] = state
         if self._needs_write(state.node):
             self._enqueue(state.node)

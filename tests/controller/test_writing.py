@@ -444,6 +444,20 @@ async def test_detection_latency_runs_from_the_cycle_end_to_the_write() -> None:
 
 
 @pytest.mark.asyncio
+async def test_detection_latency_of_a_retried_write_counts_from_the_changing_cycle() -> None:
+    """Cycles that confirm a condition still waiting to be written do not restart its
+    detection latency: it is measured from the cycle that changed it."""
+    rig = Rig()
+    rig.api.failures[NODE] = [ApiError("boom", status=503, retry_after=20.0)]
+    rig.change(WRITE_FAILED, "first", cycle_age=0.5)
+    await asyncio.sleep(15)
+    rig.change(WRITE_FAILED, "again", cycle_age=0.5)  # the next cycle, same failure
+    await asyncio.sleep(10)
+    assert rig.observer.results == [("failed", None), ("ok", pytest.approx(20.5))]
+    await rig.writer.stop()
+
+
+@pytest.mark.asyncio
 async def test_a_surprise_from_the_api_is_retried_and_the_workers_survive() -> None:
     """An exception that is not an ApiError is logged and retried like a failure; the
     worker goes on writing."""
