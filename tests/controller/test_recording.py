@@ -132,6 +132,24 @@ async def test_the_same_event_again_within_the_window_is_not_posted() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_node_flapping_between_two_states_says_each_once() -> None:
+    """True and False alternating within the window: the condition is written each time,
+    but the Events say each transition once."""
+    rig = Rig()
+    await rig.to(TRUE)
+    for _ in range(5):
+        await rig.to(WRITE_FAILED)
+        rig.clock.advance(10)
+        await rig.to(TRUE)
+        rig.clock.advance(10)
+    assert rig.api.said() == [
+        (NODE, "Warning", "CapWriteFailed"),
+        (NODE, "Normal", "CapsEnforced"),
+    ]
+    assert rig.observer.results.count("deduplicated") == 8
+
+
+@pytest.mark.asyncio
 async def test_deduplication_is_per_node() -> None:
     """The same Event on two nodes is two Events."""
     rig = Rig()
