@@ -89,6 +89,15 @@ def test_a_bad_line_is_a_config_error_naming_file_and_line(
     assert complaint in caught.value.reason
 
 
+@pytest.mark.parametrize("address", [":50051", "10.0.0.1:0", "unix:///"])
+def test_an_address_nothing_can_dial_is_refused(tmp_path: Path, address: str) -> None:
+    """An empty host (gRPC: "host must not be empty"), port 0 or a socket path of "/" is
+    a typo to report at start, not a node that is unreachable for ever."""
+    path = targets_file(tmp_path, f"gpu-1 {address}\n")
+    with pytest.raises(ConfigError, match=r":1: expected host:port or unix:///path"):
+        parse_targets(path)
+
+
 def test_a_node_listed_twice_is_refused_at_its_second_line(tmp_path: Path) -> None:
     """Duplicates name the line of the repeat."""
     path = targets_file(tmp_path, "gpu-1 10.0.0.1:50051\n\ngpu-1 10.0.0.2:50051\n")
