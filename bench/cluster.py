@@ -146,7 +146,9 @@ def start_api(run: Run) -> str:
 
 
 def api_writes(run: Run) -> list[dict[str, object]]:
-    assert run.api is not None and run.api.stdin is not None and run.api.stdout is not None
+    assert run.api is not None
+    assert run.api.stdin is not None
+    assert run.api.stdout is not None
     path = run.work / "writes.jsonl"
     run.api.stdin.write(f"writes {path}\n")
     run.api.stdin.flush()
@@ -290,111 +292,165 @@ def line(what: str, value: str, target: str, met: bool | None) -> None:
     print(f"  {what:<54} {value:>22}   target {target:<20} {verdict}")
 
 
-async def measure(run: Run) -> int:
+@dataclass
+class Steady:
+    window_s: float
+    cpu: dict[int, float]
+    rss: dict[int, float]
+    writes_per_s: float
+
+
+async def start(run: Run) -> float:
+    """The API server, the pools, then the controllers; returns when the pools were ready."""
     a = run.args
     started = time.monotonic()
-    url = start_api(run)
     config = run.work / "kubeconfig"
-    kubeconfig(url, config)
+    kubeconfig(start_api(run), config)
     targets = start_pools(run)
     deadline = time.monotonic() + 120
     while not all(t.exists() and t.read_text().count("\n") for t in targets):
         if time.monotonic() > deadline or any(p.poll() is not None for p in run.procs):
             raise SystemExit("the pools did not start")
         await asyncio.sleep(0.2)
-    pools_ready = time.monotonic()
+    ready = time.monotonic()
     merged = run.work / "targets.txt"
     merged.write_text("".join(t.read_text() for t in targets))
     print(
         f"{a.nodes} nodes x {a.gpus} GPUs in {len(targets)} pools, {a.interval:g} s interval, "
-        f"ready {pools_ready - started:.1f} s after start; {a.shards} controller shard(s)"
+        f"ready {ready - started:.1f} s after start; {a.shards} controller shard(s)"
     )
     start_controllers(run, merged, config)
+    return ready
+
+
+async def subscribed(run: Run) -> float:
+    """Seconds from launching the controllers until every stream is connected."""
     launched = time.monotonic()
-    shares = {
-        c.shard: sum(
-            1 for n in node_names(a.nodes, prefix=PREFIX) if shard_of(n, a.shards) == c.shard
-        )
-        for c in run.controllers
-    }
-    while sum(connected(c) for c in run.controllers) < a.nodes:
+    while (count := sum(connected(c) for c in run.controllers)) < run.args.nodes:
         if time.monotonic() - launched > 120 or any(
             c.proc.poll() is not None for c in run.controllers
         ):
-            raise SystemExit(
-                f"not subscribed: {sum(connected(c) for c in run.controllers)} of {a.nodes}"
-            )
+            raise SystemExit(f"not subscribed: {count} of {run.args.nodes}")
         await asyncio.sleep(0.25)
-    subscribed = time.monotonic() - launched
+    return time.monotonic() - launched
+
+
+async def initial_writes(run: Run) -> None:
+    """The first write of every node (True) is a burst; steady state starts after it."""
+    deadline = time.monotonic() + 180
+    while len(api_writes(run)) < run.args.nodes:
+        if time.monotonic() > deadline:
+            raise SystemExit("the initial condition writes did not finish")
+        await asyncio.sleep(1)
+    await asyncio.sleep(5)
+
+
+async def steady(run: Run, *, until: float) -> Steady:
+    start_at = time.monotonic()
+    cpu0 = {c.shard: cpu_seconds(c.proc.pid) for c in run.controllers}
+    end = min(start_at + run.args.steady, until)
+    if end - start_at < 20:
+        print("  (steady window cut short by the fault schedule: raise --fail-at)")
+        end = max(end, start_at + 10)
+    rss: dict[int, list[float]] = {c.shard: [] for c in run.controllers}
+    while time.monotonic() < end:
+        for c in run.controllers:
+            rss[c.shard].append(rss_mib(c.proc.pid))
+        await asyncio.sleep(1)
+    window = time.monotonic() - start_at
+    writes = sum(1 for w in api_writes(run) if start_at <= float(w["at"]) < start_at + window)  # type: ignore[arg-type]
+    return Steady(
+        window_s=window,
+        cpu={c.shard: (cpu_seconds(c.proc.pid) - cpu0[c.shard]) / window for c in run.controllers},
+        rss={shard: max(samples, default=float("nan")) for shard, samples in rss.items()},
+        writes_per_s=writes / window,
+    )
+
+
+async def ownership(run: Run) -> dict[str, int]:
+    """How many shards follow each node, from each controller's cluster snapshot."""
+    owned: dict[str, int] = {}
+    for c in run.controllers:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{c.grpc_port}") as channel:
+            stub = cpb_grpc.ClusterHealthServiceStub(channel)
+            snap = await stub.GetClusterSnapshot(cpb.GetClusterSnapshotRequest())
+        for n in snap.snapshot.nodes:
+            owned[n.node_name] = owned.get(n.node_name, 0) + 1
+    return owned
+
+
+async def measure(run: Run) -> int:
+    a = run.args
+    pools_ready = await start(run)
+    took = await subscribed(run)
     received: list[list[tuple[str, str, float]]] = [[] for _ in range(SUBSCRIBERS)]
     tasks = []
     for k in range(SUBSCRIBERS):
         controller = run.controllers[k % len(run.controllers)]
         ready = asyncio.Event()
-        tasks.append(
-            asyncio.create_task(subscribe(f"127.0.0.1:{controller.grpc_port}", received[k], ready))
-        )
+        address = f"127.0.0.1:{controller.grpc_port}"
+        tasks.append(asyncio.create_task(subscribe(address, received[k], ready)))
         await asyncio.wait_for(ready.wait(), 30)
-    # The first write of every node (True) is a burst; steady state starts after it.
-    while len(api_writes(run)) < a.nodes:
-        if time.monotonic() - launched > 180:
-            raise SystemExit("the initial condition writes did not finish")
-        await asyncio.sleep(1)
-    settle_end = time.monotonic() + 5
-    await asyncio.sleep(max(0.0, settle_end - time.monotonic()))
-    window_start = time.monotonic()
-    cpu0 = {c.shard: cpu_seconds(c.proc.pid) for c in run.controllers}
-    fail_abs = pools_ready + a.fail_at - 1.0  # the pools started about when their targets appeared
-    window_end = min(window_start + a.steady, fail_abs - 2.0)
-    if window_end - window_start < 20:
-        print("  (steady window shortened by the fault schedule: raise --fail-at)")
-        window_end = max(window_end, window_start + 10)
-    rss_samples: dict[int, list[float]] = {c.shard: [] for c in run.controllers}
-    while time.monotonic() < window_end:
-        for c in run.controllers:
-            rss_samples[c.shard].append(rss_mib(c.proc.pid))
-        await asyncio.sleep(1)
-    window = time.monotonic() - window_start
-    cpu = {c.shard: (cpu_seconds(c.proc.pid) - cpu0[c.shard]) / window for c in run.controllers}
-    writes = api_writes(run)
-    steady_writes = sum(1 for w in writes if window_start <= w["at"] < window_start + window)
-    # The fault window and the recovery, then a few seconds for the last writes.
-    end = pools_ready + a.fail_at + a.fail_for + 3 * a.interval + 5
-    while time.monotonic() < end:
-        await asyncio.sleep(1)
+    await initial_writes(run)
+    # The pools started about when their targets files appeared.
+    calm = await steady(run, until=pools_ready + a.fail_at - 3.0)
+    # The fault window and the recovery, and a few seconds for the last writes.
+    await asyncio.sleep(
+        max(0.0, pools_ready + a.fail_at + a.fail_for + 3 * a.interval + 5 - time.monotonic())
+    )
     for task in tasks:
         task.cancel()
+    owned = await ownership(run) if a.shards > 1 else {}
+    report(run, took=took, calm=calm, received=received, owned=owned)
+    return 0
+
+
+def report(
+    run: Run,
+    *,
+    took: float,
+    calm: Steady,
+    received: list[list[tuple[str, str, float]]],
+    owned: dict[str, int],
+) -> None:
+    a = run.args
     failed = failures(run)
     writes = api_writes(run)
-    patched = [(w["node"], str(w["status"]), float(w["at"])) for w in writes]  # type: ignore[arg-type]
+    patched = [(str(w["node"]), str(w["status"]), float(w["at"])) for w in writes]  # type: ignore[arg-type]
     down, up = latencies(failed, patched)
-    fan_down: list[float] = []
-    for seen in received:
-        d, _ = latencies(failed, seen)
-        fan_down += d
-    non_holders = sum(1 for w in writes if "bench-controller-" not in str(w["user_agent"]))
-
+    fan = [d for seen in received for d in latencies(failed, seen)[0]]
+    names = node_names(a.nodes, prefix=PREFIX)
+    shares = {
+        c.shard: sum(1 for n in names if shard_of(n, a.shards) == c.shard) for c in run.controllers
+    }
     print("results")
-    line("all streams subscribed", f"{subscribed:.1f} s", "<= 30 s", subscribed <= 30)
+    line("all streams subscribed", f"{took:.1f} s", "<= 30 s", took <= 30)
     for c in run.controllers:
-        rss = max(rss_samples[c.shard]) if rss_samples[c.shard] else float("nan")
         tag = f"shard {c.shard} ({shares[c.shard]} nodes)"
         line(
             f"controller CPU, steady, {tag}",
-            f"{cpu[c.shard]:.3f} cores",
+            f"{calm.cpu[c.shard]:.3f} cores",
             "<= 0.25 core",
-            cpu[c.shard] <= 0.25,
+            calm.cpu[c.shard] <= 0.25,
         )
-        line(f"controller RSS, steady, {tag}", f"{rss:.0f} MiB", "<= 512 MiB", rss <= 512)
-        per_node = 1024 * rss / max(1, shares[c.shard])
-        line(f"  RSS per followed node, {tag}", f"{per_node:.0f} KiB", "-", None)
+        line(
+            f"controller RSS, steady, {tag}",
+            f"{calm.rss[c.shard]:.0f} MiB",
+            "<= 512 MiB",
+            calm.rss[c.shard] <= 512,
+        )
+        line(
+            f"  RSS per followed node, {tag}",
+            f"{1024 * calm.rss[c.shard] / max(1, shares[c.shard]):.0f} KiB",
+            "-",
+            None,
+        )
     budget = a.nodes / a.heartbeat
-    rate = steady_writes / window
     line(
-        f"API writes/s in {window:.0f} s of steady state",
-        f"{rate:.2f}/s",
+        f"API writes/s, {calm.window_s:.0f} s of steady state",
+        f"{calm.writes_per_s:.2f}/s",
         f"<= {budget:.1f}/s + transitions",
-        rate <= budget,
+        calm.writes_per_s <= budget,
     )
     line(f"nodes failing (of {a.nodes})", f"{len(failed)}", f"about {a.fail_fraction:.0%}", None)
     line(
@@ -403,11 +459,12 @@ async def measure(run: Run) -> int:
         "-",
         None,
     )
+    p99 = percentile(down, 99)
     line(
         "detection: failed cycle end -> PATCH False, p99",
-        f"{percentile(down, 99) * 1000:.0f} ms",
+        f"{p99 * 1000:.0f} ms",
         "<= 2000 ms",
-        bool(down) and percentile(down, 99) <= 2.0,
+        bool(down) and p99 <= 2.0,
     )
     line("  detected / failing", f"{len(down)}/{len(failed)}", "all", len(down) == len(failed))
     line(
@@ -417,41 +474,33 @@ async def measure(run: Run) -> int:
         None,
     )
     line(
-        f"cluster stream to {SUBSCRIBERS} subscribers: cycle end -> update, p50",
-        f"{percentile(fan_down, 50) * 1000:.0f} ms",
+        f"cluster stream, {SUBSCRIBERS} subscribers: cycle end -> update, p50",
+        f"{percentile(fan, 50) * 1000:.0f} ms",
         "-",
         None,
     )
     line(
-        f"cluster stream to {SUBSCRIBERS} subscribers: cycle end -> update, p99",
-        f"{percentile(fan_down, 99) * 1000:.0f} ms",
+        f"cluster stream, {SUBSCRIBERS} subscribers: cycle end -> update, p99",
+        f"{percentile(fan, 99) * 1000:.0f} ms",
         "-",
         None,
     )
     line(
         "  updates seen / expected",
-        f"{len(fan_down)}/{len(failed) * SUBSCRIBERS}",
+        f"{len(fan)}/{len(failed) * SUBSCRIBERS}",
         "all",
-        len(fan_down) == len(failed) * SUBSCRIBERS,
+        len(fan) == len(failed) * SUBSCRIBERS,
     )
-    line("writes from anyone but a controller", f"{non_holders}", "0", non_holders == 0)
-    if a.shards > 1:
-        owned: dict[str, int] = {}
-        for c in run.controllers:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{c.grpc_port}") as channel:
-                snap = await cpb_grpc.ClusterHealthServiceStub(channel).GetClusterSnapshot(
-                    cpb.GetClusterSnapshotRequest()
-                )
-            for n in snap.snapshot.nodes:
-                owned[n.node_name] = owned.get(n.node_name, 0) + 1
+    strangers = sum(1 for w in writes if "bench-controller-" not in str(w["user_agent"]))
+    line("writes from anyone but a controller", f"{strangers}", "0", strangers == 0)
+    if owned:
         once = sum(1 for v in owned.values() if v == 1)
         line(
             "nodes followed by exactly one shard",
             f"{once}/{a.nodes}",
             "all",
-            once == a.nodes and len(owned) == a.nodes,
+            once == a.nodes == len(owned),
         )
-    names = node_names(a.nodes, prefix=PREFIX)
     moved = sum(1 for n in names if shard_of(n, 2) != shard_of(n, 3)) / len(names)
     line(
         "nodes that move when 2 shards become 3",
@@ -459,7 +508,6 @@ async def measure(run: Run) -> int:
         "about 1/3",
         abs(moved - 1 / 3) < 0.05,
     )
-    return 0
 
 
 def main() -> int:

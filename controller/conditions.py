@@ -220,7 +220,7 @@ def bounded(message: str, limit: int = MAX_MESSAGE) -> str:
 
 
 def _unknown(reason: ConditionReason, message: str) -> Condition:
-    return Condition(status=ConditionStatus.UNKNOWN, reason=reason, message=message)
+    return Condition(status=ConditionStatus.UNKNOWN, reason=reason, message=bounded(message))
 
 
 def count_by_status(conditions: Iterable[Condition]) -> dict[ConditionStatus, int]:

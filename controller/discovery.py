@@ -69,7 +69,7 @@ def parse_targets(path: Path) -> dict[str, str]:
         node, address = fields
         if len(node) > 253 or not _NODE_NAME.fullmatch(node):
             raise ConfigError("--targets", f"{where}: not a valid node name: {node!r}")
-        if not (address.startswith("unix:///") or host_port(address) is not None):
+        if not _dialable(address):
             raise ConfigError(
                 "--targets", f"{where}: expected host:port or unix:///path, got {address!r}"
             )
@@ -77,6 +77,14 @@ def parse_targets(path: Path) -> dict[str, str]:
             raise ConfigError("--targets", f"{where}: node {node!r} is listed twice")
         targets[node] = address
     return targets
+
+
+def _dialable(address: str) -> bool:
+    # A listener's forms (an empty host, port 0) name nothing to dial.
+    if address.startswith("unix:///"):
+        return address != "unix:///"
+    split = host_port(address)
+    return split is not None and bool(split[0]) and split[1] > 0
 
 
 class StaticDiscovery:

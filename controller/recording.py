@@ -78,7 +78,8 @@ class EventRecorder:
         self._clock = clock
         self._observer: EventObserver = observer or _NoObserver()
         self._window_s = dedupe_window_s
-        self._last: dict[str, tuple[EventType, str, float]] = {}
+        # node -> (type, reason) -> when it was last posted
+        self._last: dict[str, dict[tuple[EventType, str], float]] = {}
 
     async def transition(
         self, node: str, condition: Condition, *, previous: NodeCondition | None
@@ -88,9 +89,9 @@ class EventRecorder:
             return
         kind = EventType.NORMAL if condition.status is ConditionStatus.TRUE else EventType.WARNING
         now = self._clock.monotonic()
-        last = self._last.get(node)
-        same = last is not None and last[:2] == (kind, condition.reason.value)
-        if same and last is not None and now - last[2] < self._window_s:
+        said = (kind, condition.reason.value)
+        last = self._last.get(node, {}).get(said)
+        if last is not None and now - last < self._window_s:
             self._observer.event(result="deduplicated")
             return
         budget = self._fence.write_budget()
@@ -110,7 +111,7 @@ class EventRecorder:
             log.warning("event on node=%s not posted: %s", node, exc)
             self._observer.event(result="failed")
             return
-        self._last[node] = (kind, condition.reason.value, now)
+        self._last.setdefault(node, {})[said] = now
         self._observer.event(result="posted")
 
     def forget(self, node: str) -> None:

@@ -140,7 +140,11 @@ class NodeTracker:
             self._on_cycle(seen, event)
         elif isinstance(event, Disconnected):
             self._on_disconnected(seen, event)
-        elif isinstance(event, Heartbeat) and seen.link is not AgentLink.CONNECTED:
+        elif (
+            isinstance(event, Heartbeat)
+            and seen.link is not AgentLink.CONNECTED
+            and seen.node not in self._misdirected
+        ):
             self._update(replace(seen, link=AgentLink.CONNECTED, link_error=""))
 
     def _on_snapshot(self, seen: NodeObservation, event: Snapshot) -> None:
@@ -203,7 +207,9 @@ class NodeTracker:
 
     def recheck(self, node: str) -> None:
         """Re-derive ``node``'s condition now (its timer fired)."""
-        self._timers.pop(node, None)
+        timer = self._timers.pop(node, None)
+        if timer is not None:
+            timer.cancel()  # called directly, before it fired: _update arms a new one
         state = self._states.get(node)
         if state is None:
             return

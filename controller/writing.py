@@ -15,11 +15,12 @@ What is written where:
 What the Node carries comes from the node watch (so a new leader starts from
 the API's truth, not from nothing) and from this writer's own successful
 writes. Writes go through a queue keyed by node (a node queued twice is
-written once, with its latest state) served by a few workers; a change goes
-ahead of every heartbeat waiting (a round of thousands of heartbeats must not
-delay the news of a failure); a failed write is retried with exponential
-backoff (and the server's Retry-After), a node that no longer exists is
-dropped.
+written once, with its latest state; one changed while its write is in
+flight is written again after it, never beside it) served by a few workers;
+a change goes ahead of every heartbeat waiting (a round of thousands of
+heartbeats must not delay the news of a failure); a failed write is retried
+with exponential backoff (and the server's Retry-After), a node that no
+longer exists is dropped.
 
 Fencing: no write starts unless the :class:`Fence` says this replica leads
 and renewed its lease within the renew deadline, and its request may take no
@@ -33,8 +34,8 @@ import asyncio
 import itertools
 import logging
 import random
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from agent.clock import Clock
 from controller.conditions import AgentLink, Condition, ConditionStatus
@@ -118,10 +119,15 @@ class ConditionWriter:
         self._queue: asyncio.PriorityQueue[tuple[int, int, str]] = asyncio.PriorityQueue()
         self._queued: dict[str, int] = {}  # node -> the priority it is queued at
         self._order = itertools.count()
+        # A node being written is not written beside itself: a change meanwhile queues it
+        # again when its write ends.
+        self._writing: set[str] = set()
+        self._again: set[str] = set()
         self._held: set[str] = set()
         self._attempts: dict[str, int] = {}
         self._retries: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._busy: set[asyncio.Task[Any]] = set()  # workers in the middle of a write
         self._stopping = False
         self.writes_in_flight = 0
 
@@ -133,6 +139,15 @@ class ConditionWriter:
             # to write, and what was known before is no longer worth a heartbeat.
             self._desired.pop(state.node, None)
             return
+        pending = self._desired.get(state.node)
+        if (
+            pending is not None
+            and pending.cycle_end_at is not None
+            and _key(pending.condition) == _key(state.condition)
+            and self._needs_write(state.node)
+        ):
+            # Not written yet: its detection latency runs from the cycle that changed it.
+            state = replace(state, cycle_end_at=pending.cycle_end_at)
         self._desired[state.node] = state
         if self._needs_write(state.node):
             self._enqueue(state.node)
@@ -181,8 +196,11 @@ class ConditionWriter:
         for handle in self._retries.values():
             handle.cancel()
         self._retries.clear()
+        # A write in flight is not cancelled: its request would go on without us (on
+        # the API client's thread), past the release of the Lease. Its worker ends after it.
         for task in self._tasks:
-            task.cancel()
+            if task not in self._busy:
+                task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
@@ -202,6 +220,9 @@ class ConditionWriter:
         queued = self._queued.get(node)
         if self._stopping or node in self._retries or (queued is not None and queued <= priority):
             return
+        if node in self._writing:
+            self._again.add(node)
+            return
         # A heartbeat already queued is overtaken; its entry is skipped when reached.
         self._queued[node] = priority
         self._queue.put_nowait((priority, next(self._order), node))
@@ -218,16 +239,26 @@ class ConditionWriter:
                     self._enqueue(node, heartbeat=True)
 
     async def _work(self) -> None:
-        while True:
+        worker = asyncio.current_task()
+        assert worker is not None
+        while not self._stopping:
             priority, _, node = await self._queue.get()
             if self._queued.get(node) != priority:
-                continue  # overtaken by a change queued after it, already written
+                continue  # overtaken by a change queued after it
             del self._queued[node]
+            self._writing.add(node)
+            self._busy.add(worker)
             try:
                 await self._write(node)
             except Exception:  # one node's surprise must not stop the worker
                 log.exception("writing the condition of node=%s failed unexpectedly", node)
                 self._retry_later(node, None)
+            finally:
+                self._busy.discard(worker)
+                self._writing.discard(node)
+                if node in self._again:
+                    self._again.discard(node)
+                    self._enqueue(node)
 
     async def _write(self, node: str) -> None:
         state = self._desired.get(node)

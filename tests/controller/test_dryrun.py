@@ -1,0 +1,91 @@
+"""--dry-run (controller/dryrun.py): the writes the controller would make, one line each on
+standard output, from a writer and recorder that are never fenced."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+
+from controller.conditions import (
+    AgentLink,
+    Condition,
+    ConditionReason,
+    ConditionStatus,
+    NodeObservation,
+)
+from controller.dryrun import PrintingApi, Unfenced
+from controller.recording import EventRecorder, EventType, NodeEvent
+from controller.tracking import NodeState
+from controller.writing import REQUEST_TIMEOUT_S, ConditionWriter, NodeCondition
+from tests.controller.virtual_time import LoopClock
+
+
+@pytest.mark.asyncio
+async def test_a_patch_is_one_line_with_the_message_quoted() -> None:
+    """PATCH nodes/NODE/status TYPE=STATUS reason=REASON message="..." (JSON-quoted, so
+    quotes and newlines in the message stay on one line)."""
+    out = io.StringIO()
+    condition = NodeCondition(
+        status=ConditionStatus.FALSE,
+        reason="CapWriteFailed",
+        message='gpu1: write_failed: "no"\nsecond line',
+        last_transition_wall=0.0,
+        last_heartbeat_wall=0.0,
+    )
+    await PrintingApi(out).patch_condition("gpu-7", condition, deadline_s=1.0)
+    assert out.getvalue() == (
+        "PATCH nodes/gpu-7/status GPUPowerCapEnforced=False reason=CapWriteFailed "
+        'message="gpu1: write_failed: \\"no\\"\\nsecond line"\n'
+    )
+
+
+@pytest.mark.asyncio
+async def test_an_event_is_one_line() -> None:
+    """EVENT TYPE node/NODE REASON: MESSAGE."""
+    out = io.StringIO()
+    event = NodeEvent(
+        node="gpu-7", type=EventType.NORMAL, reason="CapsEnforced", message="ok", wall=0.0
+    )
+    await PrintingApi(out).create_event(event, deadline_s=1.0)
+    assert out.getvalue() == "EVENT Normal node/gpu-7 CapsEnforced: ok\n"
+
+
+def test_the_dry_run_fence_never_closes() -> None:
+    """With no Lease the replica acts as its shard's leader: a full write budget always."""
+    fence = Unfenced()
+    assert fence.write_budget() == REQUEST_TIMEOUT_S
+    assert fence.leading is True
+    assert fence.holder == ""
+
+
+@pytest.mark.asyncio
+async def test_a_dry_run_transition_prints_its_patch_then_its_event() -> None:
+    """The writer and recorder on PrintingApi and Unfenced print what a leader would write."""
+    out = io.StringIO()
+    printing, fence, clock = PrintingApi(out), Unfenced(), LoopClock()
+    writer = ConditionWriter(
+        api=printing,
+        events=EventRecorder(api=printing, fence=fence, clock=clock),
+        fence=fence,
+        clock=clock,
+    )
+    writer.start()
+    writer.node_changed(
+        NodeState(
+            observation=NodeObservation(node="gpu-7", link=AgentLink.UNREACHABLE),
+            condition=Condition(
+                status=ConditionStatus.UNKNOWN,
+                reason=ConditionReason.AGENT_UNREACHABLE,
+                message="the capwatch agent is unreachable",
+            ),
+        )
+    )
+    await asyncio.sleep(0.1)
+    await writer.stop()
+    assert out.getvalue().splitlines() == [
+        "PATCH nodes/gpu-7/status GPUPowerCapEnforced=Unknown reason=AgentUnreachable "
+        'message="the capwatch agent is unreachable"',
+        "EVENT Warning node/gpu-7 AgentUnreachable: the capwatch agent is unreachable",
+    ]

@@ -1,0 +1,229 @@
+"""Stream followers (controller/following.py): one supervised stream per agent target,
+replaced when the agent moves, stopped when it goes, restarted when it ends by itself.
+
+The clients are fakes with the two NodeHealthClient methods a follower uses (``events()``
+and ``close()``); time is the virtual loop's, so the restart delay is exact."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from controller import following
+from controller.conditions import ConditionReason
+from controller.following import Followers
+from controller.tracking import NodeTracker
+from tests.controller.builders import heartbeat_event, report, snapshot, snapshot_event
+from tests.controller.fakes import FakeClients, FakeStream, RecordingListener
+from tests.controller.virtual_time import LoopClock
+
+A, B = "10.0.0.1:50051", "10.0.0.2:50051"
+
+
+class Rig:
+    """Followers with a real tracker, told about targets as the shard sink tells both."""
+
+    def __init__(self) -> None:
+        self.clock = LoopClock()
+        self.listener = RecordingListener()
+        self.tracker = NodeTracker(clock=self.clock, listeners=[self.listener])
+        self.clients = FakeClients()
+        self.followers = Followers(tracker=self.tracker, clients=self.clients)
+
+    def target(self, node: str, address: str | None) -> None:
+        self.tracker.target(node, address)
+        self.followers.target(node, address)
+
+    async def close(self) -> None:
+        await self.followers.close()
+        self.tracker.close()
+
+
+async def settle() -> None:
+    """Let every ready task run (no time passes)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def opened(rig: Rig, node: str) -> FakeStream:
+    """The stream the follower of ``node`` opened (the client is made in its task)."""
+    await settle()
+    stream = rig.clients.latest(node)
+    assert stream.opened
+    return stream
+
+
+@pytest.mark.asyncio
+async def test_each_target_gets_a_stream_whose_events_reach_the_tracker() -> None:
+    """A target starts one client for (node, address); what its stream says is applied to
+    the tracker for that node."""
+    rig = Rig()
+    rig.target("gpu-1", A)
+    rig.target("gpu-2", B)
+    await settle()
+    assert [(s.node, s.address) for s in rig.clients.made] == [("gpu-1", A), ("gpu-2", B)]
+    assert len(rig.followers) == 2
+    stream = rig.clients.latest("gpu-1")
+    stream.put(snapshot_event(snapshot("gpu-1", last_cycle=report(1)), at=rig.clock.monotonic()))
+    await settle()
+    state = rig.tracker.get("gpu-1")
+    assert state is not None
+    assert state.condition.reason is ConditionReason.CAPS_ENFORCED
+    other = rig.tracker.get("gpu-2")
+    assert other is not None
+    assert other.condition.reason is ConditionReason.AGENT_STARTING
+    await rig.close()
+
+
+@pytest.mark.asyncio
+async def test_the_same_address_again_keeps_the_stream() -> None:
+    """Discovery repeating a target does not reconnect it."""
+    rig = Rig()
+    rig.target("gpu-1", A)
+    await settle()
+    rig.target("gpu-1", A)
+    await settle()
+    assert len(rig.clients.made) == 1
+    assert not rig.clients.latest("gpu-1").closed
+    await rig.close()
+
+
+@pytest.mark.asyncio
+async def test_a_new_address_replaces_the_stream() -> None:
+    """An agent that moved is followed at its new address; the old client is closed."""
+    rig = Rig()
+    rig.target("gpu-1", A)
+    old = await opened(rig, "gpu-1")
+    rig.target("gpu-1", B)
+    await settle()
+    new = rig.clients.latest("gpu-1")
+    assert old.closed
+    assert (new.address, new.opened, new.closed) == (B, True, False)
+    assert len(rig.followers) == 1
+    await rig.close()
+
+
+@pytest.mark.asyncio
+async def test_a_removed_target_stops_its_stream() -> None:
+    """No address: the stream is stopped and its client closed; nothing is restarted."""
+    rig = Rig()
+    rig.target("gpu-1", A)
+    stream = await opened(rig, "gpu-1")
+    rig.target("gpu-1", None)
+    await settle()
+    assert stream.closed
+    assert len(rig.followers) == 0
+    await asyncio.sleep(following.RESTART_DELAY_S * 10)
+    assert len(rig.clients.made) == 1
+    await rig.close()
+
+
+@pytest.mark.parametrize("how", ["ended", "raised"])
+@pytest.mark.asyncio
+async def test_a_stream_that_ends_by_itself_is_restarted_after_the_delay(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A follower that ends (or raises) is a bug: logged as an error, its client closed,
+    and a new one started at the same address RESTART_DELAY_S later, not before."""
+    rig = Rig()
+    rig.target("gpu-1", A)
+    stream = await opened(rig, "gpu-1")
+    started = rig.clock.monotonic()
+    with caplog.at_level(logging.ERROR, logger="controller.following"):
+        if how == "ended":
+            stream.end()
+        else:
+            stream.fail(RuntimeError("boom"))
+        await settle()
+    assert stream.closed
+    assert "ended unexpectedly" in caplog.text
+    assert len(rig.followers) == 0
+    await asyncio.sleep(following.RESTART_DELAY_S - 0.01)
+    assert len(rig.clients.made) == 1
+    await asyncio.sleep(0.02)
+    await settle()
+    again = rig.clients.latest("gpu-1")
+    assert again is not stream
+    assert (again.address, again.opened) == (A, True)
+    assert rig.clock.monotonic() - started == pytest.approx(following.RESTART_DELAY_S, abs=0.02)
+    assert len(rig.followers) == 1
+    # The new stream works.
+    again.put(heartbeat_event(at=rig.clock.monotonic()))
+    await rig.close()
+
+
+@pytest.mark.asyncio
+async def test_no_restart_where_discovery_no_longer_places_the_agent() -> None:
+    """A follower that died is not restarted if its target went, or moved, meanwhile (the
+    move started its own stream)."""
+    rig = Rig()
+    rig.target("gpu-1", A)
+    rig.target("gpu-2", A.replace("1:", "3:"))
+    await settle()
+    rig.clients.latest("gpu-1").end()
+    rig.clients.latest("gpu-2").end()
+    await settle()
+    rig.tracker.target("gpu-1", None)  # discovery dropped it; the follower was gone already
+    rig.target("gpu-2", B)
+    await asyncio.sleep(following.RESTART_DELAY_S * 3)
+    await settle()
+    assert [s.address for s in rig.clients.of("gpu-1")] == [A]
+    assert [s.address for s in rig.clients.of("gpu-2")] == [A.replace("1:", "3:"), B]
+    assert len(rig.followers) == 1
+    await rig.close()
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_cannot_be_made_is_retried() -> None:
+    """A factory that raises (a bad address, say) ends the follower; it is retried."""
+    rig = Rig()
+    failures = [ValueError("bad target")]
+
+    def flaky(node: str, address: str) -> FakeStream:
+        if failures:
+            raise failures.pop()
+        return rig.clients(node, address)
+
+    rig.followers = Followers(tracker=rig.tracker, clients=flaky)
+    rig.target("gpu-1", A)
+    await settle()
+    assert rig.clients.made == []
+    await asyncio.sleep(following.RESTART_DELAY_S + 0.01)
+    await settle()
+    assert rig.clients.latest("gpu-1").opened
+    await rig.close()
+
+
+@pytest.mark.asyncio
+async def test_one_nodes_failure_leaves_the_others_streaming() -> None:
+    """A follower ending does not disturb the other nodes' streams."""
+    rig = Rig()
+    for i in range(5):
+        rig.target(f"gpu-{i}", f"10.0.1.{i}:50051")
+    await settle()
+    rig.clients.latest("gpu-2").fail(RuntimeError("boom"))
+    await settle()
+    assert [s.closed for s in rig.clients.made] == [False, False, True, False, False]
+    assert len(rig.followers) == 4
+    await rig.close()
+
+
+@pytest.mark.asyncio
+async def test_close_stops_everything_and_nothing_restarts() -> None:
+    """close() cancels every stream and waits for each client to close; a pending restart
+    and later targets start nothing."""
+    rig = Rig()
+    rig.target("gpu-1", A)
+    rig.target("gpu-2", B)
+    await settle()
+    rig.clients.latest("gpu-2").end()
+    await settle()
+    await rig.followers.close()
+    assert all(s.closed for s in rig.clients.made)
+    assert len(rig.followers) == 0
+    rig.target("gpu-3", "10.0.0.3:50051")
+    await asyncio.sleep(following.RESTART_DELAY_S * 3)
+    assert len(rig.clients.made) == 2
+    rig.tracker.close()
