@@ -247,7 +247,8 @@ async def subscribe(
         async for message in call:
             now = time.monotonic()
             if message.HasField("snapshot"):
-                ready.set()
+                if not message.snapshot.more:  # the last page
+                    ready.set()
             elif message.HasField("update"):
                 node = message.update.node
                 status = _STATUS.get(node.condition.status, "?")
@@ -373,9 +374,16 @@ async def ownership(run: Run) -> dict[str, int]:
     for c in run.controllers:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{c.grpc_port}") as channel:
             stub = cpb_grpc.ClusterHealthServiceStub(channel)
-            snap = await stub.GetClusterSnapshot(cpb.GetClusterSnapshotRequest())
-        for n in snap.snapshot.nodes:
-            owned[n.node_name] = owned.get(n.node_name, 0) + 1
+            token = ""
+            while True:
+                page = await stub.GetClusterSnapshot(
+                    cpb.GetClusterSnapshotRequest(page_token=token)
+                )
+                for n in page.snapshot.nodes:
+                    owned[n.node_name] = owned.get(n.node_name, 0) + 1
+                token = page.next_page_token
+                if not token:
+                    break
     return owned
 
 

@@ -23,6 +23,9 @@ from server.broadcast import Broadcast
 from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 
 DEFAULT_CAPACITY = 4096  # updates kept for resuming subscribers
+# Nodes per snapshot message: 1,000 nodes of 8 GPUs is about 0.9 MB, well under
+# grpc's default 4 MiB receive limit, whatever the shard's size.
+PAGE_SIZE = 1000
 
 
 class ClusterView:
@@ -56,15 +59,35 @@ class ClusterView:
         if self._keys.pop(node, None) is not None:
             self._publish(cpb.NodeHealth(node_name=node), removed=True)
 
-    def snapshot(self, *, resync: bool = False) -> cpb.ClusterSnapshot:
+    def snapshot(
+        self, *, resync: bool = False, page_size: int = PAGE_SIZE
+    ) -> list[cpb.ClusterSnapshot]:
+        """Every node now, in pages of ``page_size`` (``more`` on all but the last); at least
+        one page, so an empty shard still says so."""
+        states = sorted(self._states.values(), key=lambda s: s.node)
+        return [
+            self._page(states[i : i + page_size], resync=resync, more=i + page_size < len(states))
+            for i in range(0, max(1, len(states)), page_size)
+        ]
+
+    def page(self, *, after: str, page_size: int) -> tuple[cpb.ClusterSnapshot, str]:
+        """The nodes named after ``after`` (by name), at most ``page_size``, and the name to
+        go on after ("" when there are none left)."""
+        names = sorted(n for n in self._states if n > after)
+        chosen = names[:page_size]
+        last = chosen[-1] if len(names) > page_size else ""
+        return self._page([self._states[n] for n in chosen], resync=False, more=False), last
+
+    def _page(self, states: list[NodeState], *, resync: bool, more: bool) -> cpb.ClusterSnapshot:
         return mapping.snapshot(
-            self._states.values(),
+            states,
             now=self._clock.monotonic(),
             wall=self._clock.wall(),
             instance_id=self.instance_id,
             sequence=self.sequence,
             shard_info=self.shard(),
             resync=resync,
+            more=more,
         )
 
     def heartbeat(self) -> cpb.ClusterHeartbeat:

@@ -7,7 +7,7 @@ through for humans.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from datetime import timedelta
 
 from controller.conditions import AgentLink, ConditionStatus, GpuSummary
@@ -101,7 +101,7 @@ def shard(*, index: int, count: int, lease_name: str, holder: str, leading: bool
 
 
 def snapshot(
-    states: Iterable[NodeState],
+    states: Sequence[NodeState],
     *,
     now: float,
     wall: float,
@@ -109,13 +109,16 @@ def snapshot(
     sequence: int,
     shard_info: cpb.Shard,
     resync: bool = False,
+    more: bool = False,
 ) -> cpb.ClusterSnapshot:
+    """One snapshot message of ``states`` (in the order given); ``more``: others follow."""
     message = cpb.ClusterSnapshot(
         controller_instance_id=instance_id,
         shard=shard_info,
         sequence=sequence,
-        nodes=[node_health(s, now=now) for s in sorted(states, key=lambda s: s.node)],
+        nodes=[node_health(s, now=now) for s in states],
         resync=resync,
+        more=more,
     )
     message.time.FromNanoseconds(int(wall * 1e9))
     return message

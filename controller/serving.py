@@ -1,6 +1,7 @@
 """The controller's gRPC server: ``capwatch.v1.ClusterHealthService``, health, reflection.
 
-``Watch`` sends a snapshot of every node of the shard, then each published
+``Watch`` sends a snapshot of every node of the shard (in pages of 1,000
+nodes, ``more`` set on all but the last), then each published
 update (pre-encoded bytes, the same for every stream) as its subscriber reads
 them, and heartbeats when nothing changed for the heartbeat period. A stream
 that resumes (``since_sequence`` of this controller instance) gets the
@@ -26,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from controller.cluster import ClusterView
+from controller.cluster import PAGE_SIZE, ClusterView
 from server.broadcast import Signal
 from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from server.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 SERVICE = cpb.DESCRIPTOR.services_by_name["ClusterHealthService"].full_name
 DEFAULT_HEARTBEAT_S = 10.0
 MAX_SUBSCRIBERS = 1000
+MAX_PAGE_SIZE = 5000
 HEALTH_POLL_S = 1.0
 
 
@@ -50,7 +52,22 @@ class ClusterHealthServicer:
     async def GetClusterSnapshot(
         self, request: cpb.GetClusterSnapshotRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> cpb.GetClusterSnapshotResponse:
-        return cpb.GetClusterSnapshotResponse(snapshot=self._view.snapshot())
+        size = request.page_size or PAGE_SIZE
+        if size > MAX_PAGE_SIZE:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"page_size must be at most {MAX_PAGE_SIZE}"
+            )
+        after = ""
+        if request.page_token:
+            instance, _, after = request.page_token.partition("/")
+            if instance != self._view.instance_id or not after:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "page_token is not from this controller instance (it restarted): start again",
+                )
+        page, last = self._view.page(after=after, page_size=size)
+        token = f"{self._view.instance_id}/{last}" if last else ""
+        return cpb.GetClusterSnapshotResponse(snapshot=page, next_page_token=token)
 
     async def Watch(
         self,
@@ -90,7 +107,8 @@ class ClusterHealthServicer:
             after = since
         else:
             after = view.sequence
-            yield _encoded(snapshot=view.snapshot(resync=since > 0))
+            for page in view.snapshot(resync=since > 0):
+                yield _encoded(snapshot=page)
         with broadcast.subscribe(after=after, quiet_s=heartbeat_s) as subscription:
             while True:
                 message = await subscription.next()
@@ -101,7 +119,8 @@ class ClusterHealthServicer:
                 elif message is Signal.BEHIND:
                     log.info("cluster stream subscriber fell behind; resyncing")
                     subscription.position = view.sequence
-                    yield _encoded(snapshot=view.snapshot(resync=True))
+                    for page in view.snapshot(resync=True):
+                        yield _encoded(snapshot=page)
                 else:
                     assert isinstance(message, bytes)
                     yield message

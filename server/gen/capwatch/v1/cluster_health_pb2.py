@@ -28,39 +28,39 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n capwatch/v1/cluster_health.proto\x12\x0b\x63\x61pwatch.v1\x1a\x1d\x63\x61pwatch/v1/node_health.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\x01\n ClusterHealthServiceWatchRequest\x12\x16\n\x0esince_sequence\x18\x01 \x01(\x04\x12\x1e\n\x16\x63ontroller_instance_id\x18\x02 \x01(\t\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xbd\x01\n!ClusterHealthServiceWatchResponse\x12\x30\n\x08snapshot\x18\x01 \x01(\x0b\x32\x1c.capwatch.v1.ClusterSnapshotH\x00\x12)\n\x06update\x18\x02 \x01(\x0b\x32\x17.capwatch.v1.NodeUpdateH\x00\x12\x32\n\theartbeat\x18\x03 \x01(\x0b\x32\x1d.capwatch.v1.ClusterHeartbeatH\x00\x42\x07\n\x05\x65vent\"\x1b\n\x19GetClusterSnapshotRequest\"L\n\x1aGetClusterSnapshotResponse\x12.\n\x08snapshot\x18\x01 \x01(\x0b\x32\x1c.capwatch.v1.ClusterSnapshot\"Z\n\x05Shard\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x12\n\nlease_name\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x0f\n\x07leading\x18\x05 \x01(\x08\"\xc8\x01\n\x0f\x43lusterSnapshot\x12\x1e\n\x16\x63ontroller_instance_id\x18\x01 \x01(\t\x12!\n\x05shard\x18\x02 \x01(\x0b\x32\x12.capwatch.v1.Shard\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12&\n\x05nodes\x18\x04 \x03(\x0b\x32\x17.capwatch.v1.NodeHealth\x12\x0e\n\x06resync\x18\x05 \x01(\x08\x12(\n\x04time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"^\n\rNodeCondition\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.capwatch.v1.ConditionStatus\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xca\x01\n\nGpuSummary\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12)\n\x06health\x18\x03 \x01(\x0e\x32\x19.capwatch.v1.DeviceHealth\x12%\n\x07outcome\x18\x04 \x01(\x0e\x32\x14.capwatch.v1.Outcome\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x1a\n\rapplied_watts\x18\x07 \x01(\rH\x00\x88\x01\x01\x42\x10\n\x0e_applied_watts\"\x8e\x03\n\nNodeHealth\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12-\n\tcondition\x18\x02 \x01(\x0b\x32\x1a.capwatch.v1.NodeCondition\x12*\n\nagent_link\x18\x03 \x01(\x0e\x32\x16.capwatch.v1.AgentLink\x12\x15\n\ragent_address\x18\x04 \x01(\t\x12\x13\n\x0b\x61gent_error\x18\x05 \x01(\t\x12\x19\n\x11\x61gent_instance_id\x18\x06 \x01(\t\x12\x1b\n\x13last_cycle_sequence\x18\x07 \x01(\x04\x12\x1b\n\x13last_cycle_enforced\x18\x08 \x01(\x08\x12\x31\n\x0elast_cycle_age\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x37\n\x13last_cycle_finished\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x04gpus\x18\x0b \x03(\x0b\x32\x17.capwatch.v1.GpuSummary\"V\n\nNodeUpdate\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12%\n\x04node\x18\x02 \x01(\x0b\x32\x17.capwatch.v1.NodeHealth\x12\x0f\n\x07removed\x18\x03 \x01(\x08\"\x96\x01\n\x10\x43lusterHeartbeat\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rlast_sequence\x18\x02 \x01(\x04\x12\x1e\n\x16\x63ontroller_instance_id\x18\x03 \x01(\t\x12!\n\x05shard\x18\x04 \x01(\x0b\x32\x12.capwatch.v1.Shard*\x88\x01\n\x0f\x43onditionStatus\x12 \n\x1c\x43ONDITION_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONDITION_STATUS_TRUE\x10\x01\x12\x1a\n\x16\x43ONDITION_STATUS_FALSE\x10\x02\x12\x1c\n\x18\x43ONDITION_STATUS_UNKNOWN\x10\x03*\x90\x01\n\tAgentLink\x12\x1a\n\x16\x41GENT_LINK_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41GENT_LINK_MISSING\x10\x01\x12\x19\n\x15\x41GENT_LINK_CONNECTING\x10\x02\x12\x18\n\x14\x41GENT_LINK_CONNECTED\x10\x03\x12\x1a\n\x16\x41GENT_LINK_UNREACHABLE\x10\x04\x32\xe7\x01\n\x14\x43lusterHealthService\x12h\n\x05Watch\x12-.capwatch.v1.ClusterHealthServiceWatchRequest\x1a..capwatch.v1.ClusterHealthServiceWatchResponse0\x01\x12\x65\n\x12GetClusterSnapshot\x12&.capwatch.v1.GetClusterSnapshotRequest\x1a\'.capwatch.v1.GetClusterSnapshotResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n capwatch/v1/cluster_health.proto\x12\x0b\x63\x61pwatch.v1\x1a\x1d\x63\x61pwatch/v1/node_health.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\x01\n ClusterHealthServiceWatchRequest\x12\x16\n\x0esince_sequence\x18\x01 \x01(\x04\x12\x1e\n\x16\x63ontroller_instance_id\x18\x02 \x01(\t\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xbd\x01\n!ClusterHealthServiceWatchResponse\x12\x30\n\x08snapshot\x18\x01 \x01(\x0b\x32\x1c.capwatch.v1.ClusterSnapshotH\x00\x12)\n\x06update\x18\x02 \x01(\x0b\x32\x17.capwatch.v1.NodeUpdateH\x00\x12\x32\n\theartbeat\x18\x03 \x01(\x0b\x32\x1d.capwatch.v1.ClusterHeartbeatH\x00\x42\x07\n\x05\x65vent\"B\n\x19GetClusterSnapshotRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"e\n\x1aGetClusterSnapshotResponse\x12.\n\x08snapshot\x18\x01 \x01(\x0b\x32\x1c.capwatch.v1.ClusterSnapshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"Z\n\x05Shard\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x12\n\nlease_name\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x0f\n\x07leading\x18\x05 \x01(\x08\"\xd6\x01\n\x0f\x43lusterSnapshot\x12\x1e\n\x16\x63ontroller_instance_id\x18\x01 \x01(\t\x12!\n\x05shard\x18\x02 \x01(\x0b\x32\x12.capwatch.v1.Shard\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12&\n\x05nodes\x18\x04 \x03(\x0b\x32\x17.capwatch.v1.NodeHealth\x12\x0e\n\x06resync\x18\x05 \x01(\x08\x12(\n\x04time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04more\x18\x07 \x01(\x08\"^\n\rNodeCondition\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.capwatch.v1.ConditionStatus\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xca\x01\n\nGpuSummary\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12)\n\x06health\x18\x03 \x01(\x0e\x32\x19.capwatch.v1.DeviceHealth\x12%\n\x07outcome\x18\x04 \x01(\x0e\x32\x14.capwatch.v1.Outcome\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x1a\n\rapplied_watts\x18\x07 \x01(\rH\x00\x88\x01\x01\x42\x10\n\x0e_applied_watts\"\x8e\x03\n\nNodeHealth\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12-\n\tcondition\x18\x02 \x01(\x0b\x32\x1a.capwatch.v1.NodeCondition\x12*\n\nagent_link\x18\x03 \x01(\x0e\x32\x16.capwatch.v1.AgentLink\x12\x15\n\ragent_address\x18\x04 \x01(\t\x12\x13\n\x0b\x61gent_error\x18\x05 \x01(\t\x12\x19\n\x11\x61gent_instance_id\x18\x06 \x01(\t\x12\x1b\n\x13last_cycle_sequence\x18\x07 \x01(\x04\x12\x1b\n\x13last_cycle_enforced\x18\x08 \x01(\x08\x12\x31\n\x0elast_cycle_age\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x37\n\x13last_cycle_finished\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x04gpus\x18\x0b \x03(\x0b\x32\x17.capwatch.v1.GpuSummary\"V\n\nNodeUpdate\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12%\n\x04node\x18\x02 \x01(\x0b\x32\x17.capwatch.v1.NodeHealth\x12\x0f\n\x07removed\x18\x03 \x01(\x08\"\x96\x01\n\x10\x43lusterHeartbeat\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rlast_sequence\x18\x02 \x01(\x04\x12\x1e\n\x16\x63ontroller_instance_id\x18\x03 \x01(\t\x12!\n\x05shard\x18\x04 \x01(\x0b\x32\x12.capwatch.v1.Shard*\x88\x01\n\x0f\x43onditionStatus\x12 \n\x1c\x43ONDITION_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONDITION_STATUS_TRUE\x10\x01\x12\x1a\n\x16\x43ONDITION_STATUS_FALSE\x10\x02\x12\x1c\n\x18\x43ONDITION_STATUS_UNKNOWN\x10\x03*\x90\x01\n\tAgentLink\x12\x1a\n\x16\x41GENT_LINK_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41GENT_LINK_MISSING\x10\x01\x12\x19\n\x15\x41GENT_LINK_CONNECTING\x10\x02\x12\x18\n\x14\x41GENT_LINK_CONNECTED\x10\x03\x12\x1a\n\x16\x41GENT_LINK_UNREACHABLE\x10\x04\x32\xe7\x01\n\x14\x43lusterHealthService\x12h\n\x05Watch\x12-.capwatch.v1.ClusterHealthServiceWatchRequest\x1a..capwatch.v1.ClusterHealthServiceWatchResponse0\x01\x12\x65\n\x12GetClusterSnapshot\x12&.capwatch.v1.GetClusterSnapshotRequest\x1a\'.capwatch.v1.GetClusterSnapshotResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'capwatch.v1.cluster_health_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CONDITIONSTATUS']._serialized_start=1831
-  _globals['_CONDITIONSTATUS']._serialized_end=1967
-  _globals['_AGENTLINK']._serialized_start=1970
-  _globals['_AGENTLINK']._serialized_end=2114
+  _globals['_CONDITIONSTATUS']._serialized_start=1909
+  _globals['_CONDITIONSTATUS']._serialized_end=2045
+  _globals['_AGENTLINK']._serialized_start=2048
+  _globals['_AGENTLINK']._serialized_end=2192
   _globals['_CLUSTERHEALTHSERVICEWATCHREQUEST']._serialized_start=146
   _globals['_CLUSTERHEALTHSERVICEWATCHREQUEST']._serialized_end=291
   _globals['_CLUSTERHEALTHSERVICEWATCHRESPONSE']._serialized_start=294
   _globals['_CLUSTERHEALTHSERVICEWATCHRESPONSE']._serialized_end=483
   _globals['_GETCLUSTERSNAPSHOTREQUEST']._serialized_start=485
-  _globals['_GETCLUSTERSNAPSHOTREQUEST']._serialized_end=512
-  _globals['_GETCLUSTERSNAPSHOTRESPONSE']._serialized_start=514
-  _globals['_GETCLUSTERSNAPSHOTRESPONSE']._serialized_end=590
-  _globals['_SHARD']._serialized_start=592
-  _globals['_SHARD']._serialized_end=682
-  _globals['_CLUSTERSNAPSHOT']._serialized_start=685
-  _globals['_CLUSTERSNAPSHOT']._serialized_end=885
-  _globals['_NODECONDITION']._serialized_start=887
-  _globals['_NODECONDITION']._serialized_end=981
-  _globals['_GPUSUMMARY']._serialized_start=984
-  _globals['_GPUSUMMARY']._serialized_end=1186
-  _globals['_NODEHEALTH']._serialized_start=1189
-  _globals['_NODEHEALTH']._serialized_end=1587
-  _globals['_NODEUPDATE']._serialized_start=1589
-  _globals['_NODEUPDATE']._serialized_end=1675
-  _globals['_CLUSTERHEARTBEAT']._serialized_start=1678
-  _globals['_CLUSTERHEARTBEAT']._serialized_end=1828
-  _globals['_CLUSTERHEALTHSERVICE']._serialized_start=2117
-  _globals['_CLUSTERHEALTHSERVICE']._serialized_end=2348
+  _globals['_GETCLUSTERSNAPSHOTREQUEST']._serialized_end=551
+  _globals['_GETCLUSTERSNAPSHOTRESPONSE']._serialized_start=553
+  _globals['_GETCLUSTERSNAPSHOTRESPONSE']._serialized_end=654
+  _globals['_SHARD']._serialized_start=656
+  _globals['_SHARD']._serialized_end=746
+  _globals['_CLUSTERSNAPSHOT']._serialized_start=749
+  _globals['_CLUSTERSNAPSHOT']._serialized_end=963
+  _globals['_NODECONDITION']._serialized_start=965
+  _globals['_NODECONDITION']._serialized_end=1059
+  _globals['_GPUSUMMARY']._serialized_start=1062
+  _globals['_GPUSUMMARY']._serialized_end=1264
+  _globals['_NODEHEALTH']._serialized_start=1267
+  _globals['_NODEHEALTH']._serialized_end=1665
+  _globals['_NODEUPDATE']._serialized_start=1667
+  _globals['_NODEUPDATE']._serialized_end=1753
+  _globals['_CLUSTERHEARTBEAT']._serialized_start=1756
+  _globals['_CLUSTERHEARTBEAT']._serialized_end=1906
+  _globals['_CLUSTERHEALTHSERVICE']._serialized_start=2195
+  _globals['_CLUSTERHEALTHSERVICE']._serialized_end=2426
 # @@protoc_insertion_point(module_scope)

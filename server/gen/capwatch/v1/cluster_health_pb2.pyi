@@ -138,12 +138,21 @@ Global___ClusterHealthServiceWatchResponse: _TypeAlias = ClusterHealthServiceWat
 class GetClusterSnapshotRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Nodes per page; 0 means the controller's default (1,000). At most 5,000."""
+    page_token: _builtins.str
+    """From a previous response's next_page_token; empty for the first page."""
     def __init__(
         self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -154,16 +163,22 @@ class GetClusterSnapshotResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page. Pages are by node name; a node that changes
+    between two pages is shown as it was when its page was made.
+    """
     @_builtins.property
     def snapshot(self) -> Global___ClusterSnapshot: ...
     def __init__(
         self,
         *,
         snapshot: Global___ClusterSnapshot | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -215,6 +230,7 @@ class ClusterSnapshot(_message.Message):
     NODES_FIELD_NUMBER: _builtins.int
     RESYNC_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
     controller_instance_id: _builtins.str
     """New for every controller start; sequence numbers restart with it."""
     sequence: _builtins.int
@@ -222,6 +238,12 @@ class ClusterSnapshot(_message.Message):
     resync: _builtins.bool
     """True when this snapshot replaces updates the client asked for but which
     are no longer buffered (or belong to another controller instance).
+    """
+    more: _builtins.bool
+    """More snapshot messages follow on this stream: a snapshot of many nodes is
+    sent as a run of messages (each with the same header fields and some of
+    the nodes), the last one with more=false; apply it only then. Updates
+    follow the last one.
     """
     @_builtins.property
     def shard(self) -> Global___Shard: ...
@@ -238,10 +260,11 @@ class ClusterSnapshot(_message.Message):
         nodes: _abc.Iterable[Global___NodeHealth] | None = ...,
         resync: _builtins.bool = ...,
         time: _timestamp_pb2.Timestamp | None = ...,
+        more: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["shard", b"shard", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller_instance_id", b"controller_instance_id", "nodes", b"nodes", "resync", b"resync", "sequence", b"sequence", "shard", b"shard", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller_instance_id", b"controller_instance_id", "more", b"more", "nodes", b"nodes", "resync", b"resync", "sequence", b"sequence", "shard", b"shard", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -61,8 +61,8 @@ class ClusterHealthServiceServicer:
     """
 
     def Watch(self, request, context):
-        """Watch sends a snapshot of every node first, then one update per node
-        whose state changed (condition, agent link, per-GPU outcome; not every
+        """Watch sends a snapshot of every node first (in pages: see
+        ClusterSnapshot.more), then one update per node whose state changed (condition, agent link, per-GPU outcome; not every
         cycle), and heartbeats between them. A client that resumes
         (since_sequence of the same controller instance) gets the updates it
         missed, or a snapshot with resync=true when they are gone.
@@ -72,7 +72,7 @@ class ClusterHealthServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetClusterSnapshot(self, request, context):
-        """GetClusterSnapshot returns every node of the shard now.
+        """GetClusterSnapshot returns the nodes of the shard now, a page at a time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

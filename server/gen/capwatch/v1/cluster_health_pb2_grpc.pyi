@@ -42,14 +42,14 @@ class ClusterHealthServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ClusterHealthServiceAsyncStub: ...
     Watch: _grpc.UnaryStreamMultiCallable[_cluster_health_pb2.ClusterHealthServiceWatchRequest, _cluster_health_pb2.ClusterHealthServiceWatchResponse]
-    """Watch sends a snapshot of every node first, then one update per node
-    whose state changed (condition, agent link, per-GPU outcome; not every
+    """Watch sends a snapshot of every node first (in pages: see
+    ClusterSnapshot.more), then one update per node whose state changed (condition, agent link, per-GPU outcome; not every
     cycle), and heartbeats between them. A client that resumes
     (since_sequence of the same controller instance) gets the updates it
     missed, or a snapshot with resync=true when they are gone.
     """
     GetClusterSnapshot: _grpc.UnaryUnaryMultiCallable[_cluster_health_pb2.GetClusterSnapshotRequest, _cluster_health_pb2.GetClusterSnapshotResponse]
-    """GetClusterSnapshot returns every node of the shard now."""
+    """GetClusterSnapshot returns the nodes of the shard now, a page at a time."""
 
 @_typing.type_check_only
 class ClusterHealthServiceAsyncStub(ClusterHealthServiceStub):
@@ -62,14 +62,14 @@ class ClusterHealthServiceAsyncStub(ClusterHealthServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Watch: _aio.UnaryStreamMultiCallable[_cluster_health_pb2.ClusterHealthServiceWatchRequest, _cluster_health_pb2.ClusterHealthServiceWatchResponse]  # type: ignore[assignment]
-    """Watch sends a snapshot of every node first, then one update per node
-    whose state changed (condition, agent link, per-GPU outcome; not every
+    """Watch sends a snapshot of every node first (in pages: see
+    ClusterSnapshot.more), then one update per node whose state changed (condition, agent link, per-GPU outcome; not every
     cycle), and heartbeats between them. A client that resumes
     (since_sequence of the same controller instance) gets the updates it
     missed, or a snapshot with resync=true when they are gone.
     """
     GetClusterSnapshot: _aio.UnaryUnaryMultiCallable[_cluster_health_pb2.GetClusterSnapshotRequest, _cluster_health_pb2.GetClusterSnapshotResponse]  # type: ignore[assignment]
-    """GetClusterSnapshot returns every node of the shard now."""
+    """GetClusterSnapshot returns the nodes of the shard now, a page at a time."""
 
 class ClusterHealthServiceServicer(metaclass=_abc_1.ABCMeta):
     """ClusterHealthService is served by every controller replica, the leader of
@@ -85,8 +85,8 @@ class ClusterHealthServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _cluster_health_pb2.ClusterHealthServiceWatchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_cluster_health_pb2.ClusterHealthServiceWatchResponse], _abc.AsyncIterator[_cluster_health_pb2.ClusterHealthServiceWatchResponse]]:
-        """Watch sends a snapshot of every node first, then one update per node
-        whose state changed (condition, agent link, per-GPU outcome; not every
+        """Watch sends a snapshot of every node first (in pages: see
+        ClusterSnapshot.more), then one update per node whose state changed (condition, agent link, per-GPU outcome; not every
         cycle), and heartbeats between them. A client that resumes
         (since_sequence of the same controller instance) gets the updates it
         missed, or a snapshot with resync=true when they are gone.
@@ -98,6 +98,6 @@ class ClusterHealthServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _cluster_health_pb2.GetClusterSnapshotRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_cluster_health_pb2.GetClusterSnapshotResponse, _abc.Awaitable[_cluster_health_pb2.GetClusterSnapshotResponse]]:
-        """GetClusterSnapshot returns every node of the shard now."""
+        """GetClusterSnapshot returns the nodes of the shard now, a page at a time."""
 
 def add_ClusterHealthServiceServicer_to_server(servicer: ClusterHealthServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
