@@ -1,9 +1,10 @@
 """``capwatch controller cleanup``: remove ``GPUPowerCapEnforced`` from every Node.
 
-Run by the chart's pre-delete hook (``controller.cleanupOnDelete``), so that
+Run by the chart's post-delete hook (``controller.cleanupOnDelete``), so that
 uninstalling capwatch does not leave every node carrying a condition nobody
 updates any more (it would read as the last thing the controller said, for
-ever). Every node is listed (not only the GPU nodes: the selector may have
+ever); post-delete, since a running leader would write a removed condition
+back. Every node is listed (not only the GPU nodes: the selector may have
 changed since the condition was written) and each one carrying the condition
 gets a strategic-merge patch deleting it by its merge key, a few at a time.
 A node that vanished meanwhile is not an error; any other failure is, after

@@ -31,6 +31,7 @@ VARIANTS: Mapping[str, tuple[str, ...]] = {
     "namespaced-monitored": ("-f", str(CHART / "ci" / "namespaced-monitored-values.yaml")),
     "metrics-off": ("-f", str(CHART / "ci" / "metrics-off-values.yaml")),
     "tls-netpol": ("-f", str(CHART / "ci" / "tls-netpol-values.yaml")),
+    "controller-tls": ("-f", str(CHART / "ci" / "controller-tls-values.yaml")),
 }
 
 

@@ -34,10 +34,11 @@ def test_probe_port_is_the_shims_named_readyz_port(default: Manifests) -> None:
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_no_liveness_or_startup_probe_anywhere(
+def test_no_liveness_or_startup_probe_in_the_agent_pod(
     rendered: dict[str, Manifests], variant: str
 ) -> None:
-    """No container has a liveness or startup probe; only the shim has a readiness probe."""
+    """No agent-pod container has a liveness or startup probe; only the shim has a readiness
+    probe (the controller's liveness probe is test_controller's)."""
     containers = rendered[variant].pod_spec["containers"]
     assert [c["name"] for c in containers] == ["agent", "readyz"]
     probes = {c["name"]: sorted(k for k in PROBE_KEYS if k in c) for c in containers}

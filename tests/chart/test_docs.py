@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.chart.support import CHART, ROOT, Manifests
+from tests.chart.support import CHART, RELEASE, ROOT, Helm, Manifests
 
 README = CHART / "README.md"
+CONTROLLER = f"{RELEASE}-controller"
 # A document cited in a template or values comment: `README.md: "Section"`, or
 # `DESIGN.md section 5`.
 _CITATION = re.compile(r'([\w./-]+\.md)(?::\s*"([^"]+)"|\s+section\s+([\w.]+))?')
@@ -111,3 +112,43 @@ def test_install_commands_label_the_namespace_for_privileged_pods(readme: Path):
         )
         assert label, f"{readme.name}: no pod-security label for {namespace.group(1)}:\n{block}"
         assert label.start() < block.index("helm install"), block
+
+
+def test_controller_rbac_table_is_what_the_chart_grants(helm: Helm):
+    """The "Controller RBAC" table lists exactly the rules the controller's ClusterRole and
+    Role grant (group, resource, verbs), each under the right kind."""
+    manifests = helm.render("--set", "controller.enabled=true")
+    granted = set()
+    for kind in ("ClusterRole", "Role"):
+        (role,) = [r for r in manifests.of_kind(kind) if r["metadata"]["name"] == CONTROLLER]
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.add((kind, group, resource, tuple(rule["verbs"])))
+    table = set()
+    for line in _section(README.read_text(), "Controller RBAC").splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != 5 or not cells[0].startswith(("ClusterRole", "Role")):
+            continue
+        kind = cells[0].split()[0]
+        verbs = tuple(re.findall(r"`([a-z]+)`", cells[3]))
+        table.add((kind, cells[1].strip("`").strip('"'), cells[2].strip("`"), verbs))
+    assert table == granted
+
+
+def test_readme_states_the_rendered_agent_selector_and_server_name(helm: Helm):
+    """The agent selector the README gives is the one rendered (RELEASE for the release),
+    and its example agent Certificate carries the server name the controller checks."""
+    manifests = helm.render("--set", "controller.enabled=true", "--set", "grpc.tls.secretName=t")
+    (container,) = [
+        c
+        for s in manifests.of_kind("StatefulSet")
+        for c in s["spec"]["template"]["spec"]["containers"]
+    ]
+    flags = dict(a.split("=", 1) for a in container["args"] if a.startswith("--agent-"))
+    text = README.read_text()
+    assert flags["--agent-selector"].replace(f"instance={RELEASE}", "instance=RELEASE") in text
+    certificate = re.search(r"kind: Certificate\n.*?```", text, flags=re.DOTALL)
+    assert certificate, "no example Certificate"
+    names = re.findall(r'^\s+- "([^"]+)"', certificate.group(0), flags=re.MULTILINE)
+    assert flags["--agent-tls-server-name"] in names  # the example's namespace is gpu-system

@@ -207,4 +207,12 @@ _WHOLE = {
     "service.labels.",
     "serviceMonitor.labels.",
     "serviceAccount.annotations.",
+    "controller.resources.",
+    "controller.nodeSelector.",
+    "controller.affinity.",
+    "controller.podAnnotations.",
+    "controller.podLabels.",
+    "controller.service.annotations.",
+    "controller.service.labels.",
+    "controller.serviceAccount.annotations.",
 }
