@@ -8,7 +8,7 @@ FAKENVML := build/fakenvml
 HELM   := build/tools/helm
 CHART  := charts/capwatch
 
-.PHONY: setup demo test lint chart pytest fakenvml bench bench-stream clean proto proto-baseline
+.PHONY: setup demo test lint chart pytest fakenvml bench bench-stream bench-cluster clean proto proto-baseline
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,12 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/readyz.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/crash.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/controller.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py
+
+# The simulated 5,000-node cluster alone (about five minutes: pools, API server, controller).
+bench-cluster: setup
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py
 
 # The gRPC stream alone (about three minutes: spawns servers and 1,000-stream clients).
 bench-stream: setup

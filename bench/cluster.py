@@ -518,9 +518,9 @@ def report(
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=5000)
+def main(*, description: str = __doc__ or "", nodes: int = 5000, fail_at: float = 120.0) -> int:
+    parser = argparse.ArgumentParser(description=description.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--nodes", type=int, default=nodes)
     parser.add_argument("--pools", type=int, default=4)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--interval", type=float, default=15.0)
@@ -530,7 +530,7 @@ def main() -> int:
         "--steady", type=float, default=45.0, help="seconds of steady state to measure"
     )
     parser.add_argument("--fail-fraction", type=float, default=0.02)
-    parser.add_argument("--fail-at", type=float, default=120.0, help="s after the pools start")
+    parser.add_argument("--fail-at", type=float, default=fail_at, help="s after the pools start")
     parser.add_argument("--fail-for", type=float, default=30.0)
     parser.add_argument("--keep", type=Path, help="keep the logs and records in this directory")
     args = parser.parse_args()
