@@ -64,70 +64,83 @@ class NodeHealthServicer:
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> AsyncIterator[bytes]:
         served = await self._nodes.resolve(request.node_name, context)
-        pub = served.publication
+        pub, feed = served.publication, served.feed
         include = await _filter(request.filter, context)
-        heartbeat_s = DEFAULT_HEARTBEAT_FACTOR * pub.interval_s
-        requested = request.heartbeat_interval
-        # Zero, sent or not, means the agent's default (the proto says so; a JSON
-        # client sending "0s" sets the field).
-        if requested.seconds or requested.nanos:
-            # Not ToTimedelta(): the wire allows any int64 of seconds, more than
-            # a timedelta holds (OverflowError).
-            heartbeat_s = requested.seconds + requested.nanos / 1e9
-            if not MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"heartbeat_interval must be between {MIN_HEARTBEAT_S:g}s and "
-                    f"{MAX_HEARTBEAT_S:g}s",
-                )
+        heartbeat_s = await _heartbeat_period(request, pub, context)
         slot = await pub.admit(context)
+        # One generator, not a second one wrapped in it: a message costs a frame less.
         try:
-            async for message in _stream(served, request, include, heartbeat_s):
+            opening, cursor = _opening(served, request, include)
+            for message in opening:
                 pub.messages_sent += 1
                 yield message
+            clock = pub.clock
+            with feed.broadcast.subscribe(after=cursor, quiet_s=heartbeat_s) as cycles:
+                while True:
+                    cycle = await cycles.next()
+                    if isinstance(cycle, SharedCycle):
+                        pub.messages_sent += 1
+                        if include is None:  # the same bytes for every stream in the window
+                            yield cycle.wire(clock.monotonic())
+                        else:
+                            yield feed.filtered(cycle, include)
+                    elif cycle is Signal.CLOSED or pub.stopping.is_set():
+                        return
+                    elif cycle is Signal.QUIET:
+                        pub.messages_sent += 1
+                        yield _serialized(heartbeat=_heartbeat(pub, pub.view()))
+                    else:  # fell behind further than the ring holds
+                        log.info(
+                            "watch subscriber fell behind; resyncing cursor=%d", cycles.position
+                        )
+                        feed.catch_up()
+                        view = pub.view()
+                        pub.messages_sent += 1
+                        yield _serialized(snapshot=pub.snapshot(view, resync=True, include=include))
+                        cycles.position = view.state.sequence
         finally:
             pub.unsubscribe(slot)
 
 
-async def _stream(
-    served: Served, request: pb.WatchRequest, include: Include | None, heartbeat_s: float
-) -> AsyncIterator[bytes]:
+async def _heartbeat_period(
+    request: pb.WatchRequest, pub: Publication, context: grpc.aio.ServicerContext[object, object]
+) -> float:
+    requested = request.heartbeat_interval
+    # Zero, sent or not, means the agent's default (the proto says so; a JSON
+    # client sending "0s" sets the field).
+    if not (requested.seconds or requested.nanos):
+        return DEFAULT_HEARTBEAT_FACTOR * pub.interval_s
+    # Not ToTimedelta(): the wire allows any int64 of seconds, more than a
+    # timedelta holds (OverflowError).
+    heartbeat_s = requested.seconds + requested.nanos / 1e9
+    if not MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"heartbeat_interval must be between {MIN_HEARTBEAT_S:g}s and {MAX_HEARTBEAT_S:g}s",
+        )
+    return heartbeat_s
+
+
+def _opening(
+    served: Served, request: pb.WatchRequest, include: Include | None
+) -> tuple[list[bytes], int]:
+    """What a stream sends before following the broadcast, and the cycle it follows after:
+    a snapshot; the missed cycles (from the ring); or a snapshot marked resync."""
     pub, feed = served.publication, served.feed
     feed.catch_up()  # the broadcast holds every cycle the view below may know
     view = pub.view()
     cursor = view.state.sequence
     since = request.since_sequence
     if since == 0:
-        yield _serialized(snapshot=pub.snapshot(view, include=include))
-    elif (
+        return [_serialized(snapshot=pub.snapshot(view, include=include))], cursor
+    if (
         request.agent_instance_id not in ("", pub.hub.instance_id)
         or since > cursor
         or not feed.broadcast.holds_after(since)
     ):
-        yield _serialized(snapshot=pub.snapshot(view, resync=True, include=include))
-    else:
-        if since == cursor:  # nothing missed: say so
-            yield _serialized(heartbeat=_heartbeat(pub, view))
-        cursor = since  # the missed cycles come from the broadcast's ring
-    clock = pub.clock
-    with feed.broadcast.subscribe(after=cursor, quiet_s=heartbeat_s) as cycles:
-        while True:
-            cycle = await cycles.next()
-            if isinstance(cycle, SharedCycle):
-                if include is None:  # the same bytes for every stream in the window
-                    yield cycle.wire(clock.monotonic())
-                else:
-                    yield feed.filtered(cycle, include)
-            elif cycle is Signal.CLOSED or pub.stopping.is_set():
-                return
-            elif cycle is Signal.QUIET:
-                yield _serialized(heartbeat=_heartbeat(pub, pub.view()))
-            else:  # fell behind further than the ring holds
-                log.info("watch subscriber fell behind; resyncing cursor=%d", cycles.position)
-                feed.catch_up()
-                view = pub.view()
-                yield _serialized(snapshot=pub.snapshot(view, resync=True, include=include))
-                cycles.position = view.state.sequence
+        return [_serialized(snapshot=pub.snapshot(view, resync=True, include=include))], cursor
+    # Nothing missed: say so; else the missed cycles come from the broadcast's ring.
+    return ([_serialized(heartbeat=_heartbeat(pub, view))] if since == cursor else []), since
 
 
 def _heartbeat(pub: Publication, view: View) -> pb.Heartbeat:
