@@ -401,3 +401,21 @@ async def test_signal_exits_0_quietly(harness: ServerHarness, sig: signal.Signal
         process.send_signal(sig)
         _, err = await process.communicate()
     assert (process.returncode, err) == (0, b"")
+
+
+@pytest.mark.asyncio
+async def test_instance_names_the_agent_instance_since_belongs_to(harness: ServerHarness, capsys):
+    """--since N --instance ID resumes only within that agent instance: its own id gets the
+    cycles after N, another one's a resync that says the agent restarted."""
+    for _ in range(3):
+        harness.publish()
+    argv = ["--target", harness.target, "--since", "2", "--count", "1", "--json"]
+    own = harness.hub.instance_id
+    rc, out, _ = await capwatch_watch(capsys, *argv, "--instance", own)
+    assert rc == 0
+    assert json.loads(out)["cycle"]["sequence"] == "3"
+    other = "0badc0de-0000-4000-8000-000000000000"
+    rc, out, err = await capwatch_watch(capsys, *argv, "--instance", other)
+    assert rc == 0
+    assert json.loads(out)["snapshot"]["resync"] is True
+    assert err == "resync: the agent restarted; showing its current state\n"
