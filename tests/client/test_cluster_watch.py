@@ -49,17 +49,18 @@ async def rig(rigs: list[ClusterRig]) -> ClusterRig:
 
 
 async def capwatch_watch(capsys: pytest.CaptureFixture[str], *argv: str, env=None):
-    """``capwatch watch`` in-process (its own event loop, in a thread); (rc, out, err)."""
+    """``capwatch watch`` as its flags and twins read, on this test's event loop (see
+    tests/client/test_watch.py for why not main() in a thread); (rc, out, err)."""
+    out, err = io.StringIO(), io.StringIO()
     async with asyncio.timeout(10):
-        rc = await asyncio.to_thread(main, ["watch", *argv], env or {})
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
+        rc = await watch(parsed(*argv, env=env), out=out, err=err)
+    return rc, out.getvalue(), err.getvalue()
 
 
-def parsed(*argv: str):
+def parsed(*argv: str, env=None):
     parser = argparse.ArgumentParser()
     add_watch_arguments(parser)
-    return watch_settings(parser.parse_args(argv), {})
+    return watch_settings(parser.parse_args(argv), env or {})
 
 
 async def sent_snapshot(rig: ClusterRig) -> None:

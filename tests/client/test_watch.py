@@ -32,17 +32,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 async def capwatch_watch(capsys: pytest.CaptureFixture[str], *argv: str, env=None):
-    """Run ``capwatch watch`` in-process (its own event loop, in a thread); (rc, out, err)."""
+    """``capwatch watch`` as its flags and twins read, on this test's event loop; (rc, out,
+    err). Not main() in a thread: grpc's one poller hands each completion to the loop its
+    call was made on, and one landing after that thread's loop closed logs an error
+    (into the captured stderr this asserts on)."""
+    out, err = io.StringIO(), io.StringIO()
     async with asyncio.timeout(5):
-        rc = await asyncio.to_thread(main, ["watch", *argv], env or {})
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
+        rc = await watch(parsed(*argv, env=env), out=out, err=err)
+    return rc, out.getvalue(), err.getvalue()
 
 
-def parsed(*argv: str):
+def parsed(*argv: str, env=None):
     parser = argparse.ArgumentParser()
     add_watch_arguments(parser)
-    return watch_settings(parser.parse_args(argv), {})
+    return watch_settings(parser.parse_args(argv), env or {})
 
 
 @pytest.mark.asyncio
