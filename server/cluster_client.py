@@ -27,7 +27,7 @@ Example::
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -112,6 +112,7 @@ class ClusterHealthClient(RetryingClient):
         self._heartbeat_s = checked_heartbeat(heartbeat_interval)
         self._instance = ""
         self._sequence = 0
+        self._pages: list[cpb.ClusterSnapshot] = []  # a paged snapshot's, until its last
 
     @property
     def position(self) -> Position:
@@ -131,23 +132,28 @@ class ClusterHealthClient(RetryingClient):
             raise ConfigError("since", "must not be negative")
         self._check_idle()
         self._sequence, self._instance = since, instance_id
-        return self._retrying(
-            lambda channel: cpb_grpc.ClusterHealthServiceStub(channel).Watch(self._request()),
-            self._on_message,
-            self._silence,
-        )
+        return self._retrying(self._watch, self._on_message, self._silence)
 
-    async def snapshot(self, *, deadline_s: float | None = None) -> cpb.ClusterSnapshot:
-        """Every node of the shard now (unary ``GetClusterSnapshot``; default deadline
-        ``snapshot_timeout``). Raises ClientError."""
-        response: cpb.GetClusterSnapshotResponse = await self._unary(
-            "GetClusterSnapshot",
-            lambda channel, timeout: cpb_grpc.ClusterHealthServiceStub(channel).GetClusterSnapshot(
-                cpb.GetClusterSnapshotRequest(), timeout=timeout
-            ),
-            deadline_s,
-        )
-        return response.snapshot
+    async def snapshot(
+        self, *, deadline_s: float | None = None, page_size: int = 0
+    ) -> cpb.ClusterSnapshot:
+        """Every node of the shard now: unary ``GetClusterSnapshot``, page after page
+        (``page_size`` nodes each; 0: the controller's 1,000), joined. Each page has
+        ``deadline_s`` (default ``snapshot_timeout``). Raises ClientError (the
+        controller restarting between two pages: INVALID_ARGUMENT)."""
+        pages: list[cpb.ClusterSnapshot] = []
+        token = ""
+        while True:
+            request = cpb.GetClusterSnapshotRequest(page_size=page_size, page_token=token)
+            response = await self._unary("GetClusterSnapshot", _page(request), deadline_s)
+            pages.append(response.snapshot)
+            token = response.next_page_token
+            if not token:
+                return joined(pages)
+
+    def _watch(self, channel: grpc.aio.Channel) -> Any:
+        self._pages = []  # a snapshot cut short by a lost stream is never applied
+        return cpb_grpc.ClusterHealthServiceStub(channel).Watch(self._request())
 
     def _request(self) -> cpb.ClusterHealthServiceWatchRequest:
         request = cpb.ClusterHealthServiceWatchRequest(
@@ -165,11 +171,20 @@ class ClusterHealthClient(RetryingClient):
     def _on_message(self, message: Any, now: float) -> ClusterEvent | None:
         kind = message.WhichOneof("event")
         if kind == "snapshot":
-            snapshot: cpb.ClusterSnapshot = message.snapshot
+            page: cpb.ClusterSnapshot = message.snapshot
+            self._pages.append(page)
+            if page.more:
+                return None  # applied whole, at its last page
+            pages, self._pages = tuple(self._pages), []
+            snapshot = joined(pages)
             restarted = self._instance not in ("", snapshot.controller_instance_id)
             self._instance, self._sequence = snapshot.controller_instance_id, snapshot.sequence
             return ClusterSnapshot(
-                snapshot=snapshot, resync=snapshot.resync, restarted=restarted, received_at=now
+                snapshot=snapshot,
+                resync=snapshot.resync,
+                restarted=restarted,
+                received_at=now,
+                pages=pages if len(pages) > 1 else (),
             )
         if kind == "update":
             update: cpb.NodeUpdate = message.update
@@ -182,3 +197,26 @@ class ClusterHealthClient(RetryingClient):
             self._instance = self._instance or heartbeat.controller_instance_id
             return ClusterHeartbeat(heartbeat=heartbeat, received_at=now)
         return None  # an event kind from a newer controller: skip it
+
+
+def _page(
+    request: cpb.GetClusterSnapshotRequest,
+) -> Callable[[grpc.aio.Channel, float], Awaitable[cpb.GetClusterSnapshotResponse]]:
+    def call(channel: grpc.aio.Channel, timeout: float) -> Any:
+        return cpb_grpc.ClusterHealthServiceStub(channel).GetClusterSnapshot(
+            request, timeout=timeout
+        )
+
+    return call
+
+
+def joined(pages: Sequence[cpb.ClusterSnapshot]) -> cpb.ClusterSnapshot:
+    """One snapshot of every page's nodes, with the last page's header (``more`` false)."""
+    if len(pages) == 1:
+        return pages[0]
+    whole = cpb.ClusterSnapshot()
+    whole.CopyFrom(pages[-1])
+    del whole.nodes[:]
+    for page in pages:
+        whole.nodes.extend(page.nodes)
+    return whole

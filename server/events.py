@@ -97,12 +97,15 @@ class ClusterSnapshot:
     buffered, another controller instance, or the stream fell behind); replace
     every node with these. ``restarted``: it comes from a different controller
     instance than the messages before it (update sequences restarted).
+    ``snapshot`` is whole: the controller sends a big shard in ``pages`` (1,000
+    nodes each, ``more`` set on all but the last), joined here.
     """
 
     snapshot: cpb.ClusterSnapshot
     resync: bool
     restarted: bool
     received_at: float
+    pages: tuple[cpb.ClusterSnapshot, ...] = ()  # as received; () when it came whole
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -75,7 +75,8 @@ class Printer:
         elif isinstance(event, NodeUpdate):
             self._sequence = event.update.sequence
         if self._screen is None:
-            self._write(self._out, as_json(_message(event)))
+            for message in _messages(event):
+                self._write(self._out, as_json(message))
             return
         self._screen.show(self._frame(event, self._screen.width))
 
@@ -153,6 +154,13 @@ def as_json(message: Any) -> str:
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
+
+
+def _messages(event: Message) -> list[Any]:
+    """The messages ``event`` came in: a paged cluster snapshot's pages, as sent."""
+    if isinstance(event, ClusterSnapshot) and event.pages:
+        return [cpb.ClusterHealthServiceWatchResponse(snapshot=page) for page in event.pages]
+    return [_message(event)]
 
 
 def _message(event: Message) -> Any:

@@ -267,3 +267,80 @@ async def test_heartbeats_the_controller_would_refuse_are_refused_first(heartbea
     """The controller's limits (1 s to 1 h) are checked before connecting."""
     with pytest.raises(ConfigError, match=r"heartbeat_interval: must be between 1\.0s and 3600s"):
         ClusterHealthClient(target="127.0.0.1:1", heartbeat_interval=heartbeat_s)
+
+
+async def test_a_paged_snapshot_is_one_event_of_every_node(rigs: list[ClusterRig]):
+    """A shard bigger than a page (1,000 nodes) comes in several snapshot messages, more
+    set on all but the last: the client yields one snapshot of every node, in name order,
+    keeping the pages as sent; updates follow it."""
+    rig = await start_rig()
+    rigs.append(rig)
+    for i in range(2001):
+        rig.set(f"node-{i:04d}", gpus=1)
+    async with ClusterHealthClient(target=rig.target) as client:
+        events = client.events()
+        first = await anext(events)
+        assert isinstance(first, ClusterSnapshot)
+        names = [n.node_name for n in first.snapshot.nodes]
+        assert names == [f"node-{i:04d}" for i in range(2001)]
+        assert first.snapshot.more is False
+        assert [(len(p.nodes), p.more) for p in first.pages] == [
+            (1000, True),
+            (1000, True),
+            (1, False),
+        ]
+        assert client.position.sequence == 2001
+        rig.set("node-0007", failing=(0,), gpus=1)
+        update = await anext(events)
+        assert isinstance(update, NodeUpdate)
+        assert update.update.sequence == 2002
+        await events.aclose()
+
+
+async def test_a_snapshot_cut_short_is_never_applied():
+    """A stream lost between a snapshot's pages: the pages received are dropped, and the
+    next stream's snapshot alone is what the client yields (not a mix of the two)."""
+    calls: list[int] = []
+
+    async def watch(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
+        calls.append(1)
+        if len(calls) == 1:
+            page = cpb.ClusterSnapshot(nodes=[cpb.NodeHealth(node_name="old")], more=True)
+            yield cpb.ClusterHealthServiceWatchResponse(snapshot=page)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "cut")
+        whole = cpb.ClusterSnapshot(nodes=[cpb.NodeHealth(node_name="new")], sequence=1)
+        yield cpb.ClusterHealthServiceWatchResponse(snapshot=whole)
+        await asyncio.Event().wait()
+
+    server = grpc.aio.server()
+    handler = grpc.unary_stream_rpc_method_handler(
+        watch,
+        request_deserializer=cpb.ClusterHealthServiceWatchRequest.FromString,
+        response_serializer=cpb.ClusterHealthServiceWatchResponse.SerializeToString,
+    )
+    service = "capwatch.v1.ClusterHealthService"
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, {"Watch": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with ClusterHealthClient(target=f"127.0.0.1:{port}", backoff=TINY) as client:
+            events = client.events()
+            assert isinstance(await anext(events), Disconnected)
+            snapshot = await next_of(events, ClusterSnapshot)
+            assert [n.node_name for n in snapshot.snapshot.nodes] == ["new"]
+            assert snapshot.pages == ()
+            await events.aclose()
+    finally:
+        await server.stop(0)
+
+
+async def test_get_cluster_snapshot_follows_every_page(rig: ClusterRig):
+    """snapshot() asks page after page (here two nodes each) and joins them in order."""
+    for name in ("gpu-c", "gpu-d", "gpu-e"):
+        rig.set(name)
+    async with ClusterHealthClient(target=rig.target) as client:
+        now = await client.snapshot(page_size=2)
+    assert [n.node_name for n in now.nodes] == ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"]
+    assert now.controller_instance_id == rig.view.instance_id

@@ -331,3 +331,25 @@ async def test_on_a_terminal_the_table_fits_colours_failures_and_redraws(
     assert all(RED.search(chunk) for chunk in failing)
     assert any(line.startswith("update 4  gpu-a  True → False CapWriteFailed") for line in lines)
     assert REDRAW in drawn
+
+
+@pytest.mark.asyncio
+async def test_a_paged_snapshot_prints_as_sent_in_json_and_whole_in_the_table(
+    rigs: list[ClusterRig], capsys
+):
+    """A shard of 1,001 nodes: --json prints its two snapshot messages as sent (more,
+    then not), the table every node at once under one heading."""
+    rig = await start_rig()
+    rigs.append(rig)
+    for i in range(1001):
+        rig.set(f"node-{i:04d}", gpus=1)
+    argv = ("--cluster", "--target", rig.target, "--count", "1")
+    rc, out, _ = await capwatch_watch(capsys, *argv, "--json")
+    assert rc == 0
+    pages = [json.loads(line)["snapshot"] for line in out.splitlines()]
+    assert [(len(p["nodes"]), p["more"]) for p in pages] == [(1000, True), (1, False)]
+    rc, out, _ = await capwatch_watch(capsys, *argv)
+    assert rc == 0
+    lines = out.splitlines()
+    assert "1001 nodes: 1001 True" in lines[0]
+    assert [line.split()[0] for line in lines[2:-1]] == [f"node-{i:04d}" for i in range(1001)]
