@@ -1,8 +1,9 @@
-"""What a :class:`server.client.NodeHealthClient` yields, as plain typed values.
+"""What :class:`server.client.NodeHealthClient` and
+:class:`server.cluster_client.ClusterHealthClient` yield, as plain typed values.
 
 Each event wraps the protobuf message it came from and the client's monotonic
-time of receipt, so a consumer can age what the agent reported without
-trusting either machine's wall clock.
+time of receipt, so a consumer can age what the agent (or the controller)
+reported without trusting either machine's wall clock.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from enum import Enum
 
 import grpc
 
+from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.gen.v1 import dra_health_pb2 as v1_pb
 from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
@@ -65,8 +67,9 @@ class Heartbeat:
 class Disconnected:
     """The stream failed or ended; the client reconnects after ``retry_in`` seconds.
 
-    ``code`` is the gRPC status the call ended with (OK when the agent ended it,
-    e.g. on shutdown), None when the client gave up on a silent stream.
+    ``code`` is the gRPC status the call ended with (OK when the agent or the
+    controller ended it, e.g. on shutdown), None when the client gave up on a
+    silent stream.
     ``attempt`` counts failures since the last message (0 for the first).
     """
 
@@ -86,13 +89,51 @@ class DeviceList:
     received_at: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class ClusterSnapshot:
+    """Every node of the controller's shard: first on a new stream, and on a resync.
+
+    ``resync``: the updates this client asked to resume from are gone (no longer
+    buffered, another controller instance, or the stream fell behind); replace
+    every node with these. ``restarted``: it comes from a different controller
+    instance than the messages before it (update sequences restarted).
+    ``snapshot`` is whole: the controller sends a big shard in ``pages`` (1,000
+    nodes each, ``more`` set on all but the last), joined here.
+    """
+
+    snapshot: cpb.ClusterSnapshot
+    resync: bool
+    restarted: bool
+    received_at: float
+    pages: tuple[cpb.ClusterSnapshot, ...] = ()  # as received; () when it came whole
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeUpdate:
+    """One node whose condition, agent link or GPUs changed (or that left the shard:
+    ``update.removed``), in sequence order, none skipped or repeated."""
+
+    update: cpb.NodeUpdate
+    received_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterHeartbeat:
+    """The controller is alive and has no new update; says its shard and leadership."""
+
+    heartbeat: cpb.ClusterHeartbeat
+    received_at: float
+
+
 Event = Snapshot | Cycle | Heartbeat | Disconnected
 DraEvent = DeviceList | Disconnected
+ClusterEvent = ClusterSnapshot | NodeUpdate | ClusterHeartbeat | Disconnected
 
 
 @dataclass(frozen=True, kw_only=True)
 class Position:
-    """Where a stream resumes: after ``sequence`` of agent instance ``instance_id``."""
+    """Where a stream resumes: after ``sequence`` of agent (or controller) instance
+    ``instance_id``."""
 
     instance_id: str  # "" when not known yet
     sequence: int

@@ -1,11 +1,13 @@
 """What ``capwatch watch`` prints: a live table, only what changed, or JSON lines.
 
-On a terminal the agent's GPUs (or the kubelet's device list) are one table
-redrawn in place, with verdict changes, disconnects and resyncs scrolling
-above it. Elsewhere each message prints only what it changed: the snapshot
-whole, then a cycle's heading and the rows that differ, a heartbeat when
-readiness moved. ``--json`` prints every message as one JSON object per line,
-with status lines on stderr so stdout stays pure.
+On a terminal the agent's GPUs (or the kubelet's device list, or with
+``--cluster`` the controller's nodes) are one table redrawn in place, with
+verdict (or condition) changes, disconnects and resyncs scrolling above it.
+Elsewhere each message prints only what it changed: the snapshot whole, then
+a cycle's heading and the rows that differ (a line per changed node), a
+heartbeat when readiness (or the shard's leader) moved. ``--json`` prints
+every message as one JSON object per line, with status lines on stderr so
+stdout stays pure.
 """
 
 from __future__ import annotations
@@ -14,12 +16,25 @@ from typing import Any, TextIO
 
 from google.protobuf.json_format import MessageToJson
 
-from server.events import Cycle, DeviceList, Disconnected, Heartbeat, Snapshot
+from server.cluster_table import NodeBoard
+from server.events import (
+    ClusterHeartbeat,
+    ClusterSnapshot,
+    Cycle,
+    DeviceList,
+    Disconnected,
+    Heartbeat,
+    NodeUpdate,
+    Snapshot,
+)
+from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.screen import Screen, screen_for
 from server.tables import DeviceBoard, Frame, GpuBoard, Line
 
-Message = Snapshot | Cycle | Heartbeat | DeviceList
+Message = (
+    Snapshot | Cycle | Heartbeat | DeviceList | ClusterSnapshot | NodeUpdate | ClusterHeartbeat
+)
 
 
 class Printer:
@@ -42,21 +57,26 @@ class Printer:
         self._screen = None if json else (screen or screen_for(out))
         self._gpus = GpuBoard()
         self._devices = DeviceBoard()
+        # Thousands of nodes: build the whole table per update only to redraw it.
+        self._nodes = NodeBoard(blocks=self._screen is not None and self._screen.redraws)
         self._lost = False
-        self._sequence = since  # the last cycle shown (or asked to resume after)
+        self._sequence = since  # the last cycle (or update) shown, or asked to resume after
 
     def message(self, event: Message) -> None:
         if self._lost:
             self._lost = False
             self._status(f"reconnected to {self._target}")
-        if isinstance(event, Snapshot) and event.resync:
+        if isinstance(event, Snapshot | ClusterSnapshot) and event.resync:
             self._status(f"resync: {self._resync_cause(event)}; showing its current state")
-        if isinstance(event, Snapshot):
+        if isinstance(event, Snapshot | ClusterSnapshot):
             self._sequence = event.snapshot.sequence
         elif isinstance(event, Cycle):
             self._sequence = event.cycle.sequence
+        elif isinstance(event, NodeUpdate):
+            self._sequence = event.update.sequence
         if self._screen is None:
-            self._write(self._out, as_json(_message(event)))
+            for message in _messages(event):
+                self._write(self._out, as_json(message))
             return
         self._screen.show(self._frame(event, self._screen.width))
 
@@ -64,9 +84,9 @@ class Printer:
         """The agent could not be reached at all (and --retry was not given)."""
         self._error(f"cannot reach {self._target}: {event.error} (--retry keeps trying)")
 
-    def refused(self, event: Disconnected) -> None:
-        """The agent refused the request: retrying cannot help."""
-        self._error(f"{self._target}: {event.error}")
+    def refused(self, event: Disconnected, *, hint: str = "") -> None:
+        """The server refused the request: retrying cannot help."""
+        self._error(f"{self._target}: {event.error}" + (f" ({hint})" if hint else ""))
 
     def disconnected(self, event: Disconnected) -> None:
         self._lost = True
@@ -86,18 +106,27 @@ class Printer:
             return self._gpus.cycle(event.cycle, width)
         if isinstance(event, Heartbeat):
             return self._gpus.heartbeat(event.heartbeat, width)
+        if isinstance(event, ClusterSnapshot):
+            return self._nodes.snapshot(event.snapshot, event.received_at, width)
+        if isinstance(event, NodeUpdate):
+            return self._nodes.update(event.update, event.received_at, width)
+        if isinstance(event, ClusterHeartbeat):
+            return self._nodes.heartbeat(event.heartbeat, event.received_at, width)
         return self._devices.devices(event.response, event.version.value, width)
 
-    def _resync_cause(self, event: Snapshot) -> str:
+    def _resync_cause(self, event: Snapshot | ClusterSnapshot) -> str:
+        peer, items, last = "agent", "cycles", "cycle"
+        if isinstance(event, ClusterSnapshot):
+            peer, items, last = "controller", "updates", "update"
         if event.restarted:
-            return "the agent restarted"
+            return f"the {peer} restarted"
         if event.snapshot.sequence < self._sequence:
-            # Only --since can be ahead: the agent's sequence never goes back.
+            # Only --since can be ahead: the server's sequence never goes back.
             return (
-                f"--since {self._sequence} is ahead of the agent's last cycle "
+                f"--since {self._sequence} is ahead of the {peer}'s last {last} "
                 f"({event.snapshot.sequence})"
             )
-        return "the cycles missed are no longer buffered"
+        return f"the {items} missed are no longer buffered"
 
     def _status(self, text: str, *, style: str = "") -> None:
         if self._screen is None:
@@ -127,6 +156,13 @@ def as_json(message: Any) -> str:
     )
 
 
+def _messages(event: Message) -> list[Any]:
+    """The messages ``event`` came in: a paged cluster snapshot's pages, as sent."""
+    if isinstance(event, ClusterSnapshot) and event.pages:
+        return [cpb.ClusterHealthServiceWatchResponse(snapshot=page) for page in event.pages]
+    return [_message(event)]
+
+
 def _message(event: Message) -> Any:
     if isinstance(event, Snapshot):
         return pb.WatchResponse(snapshot=event.snapshot)
@@ -134,4 +170,10 @@ def _message(event: Message) -> Any:
         return pb.WatchResponse(cycle=event.cycle)
     if isinstance(event, Heartbeat):
         return pb.WatchResponse(heartbeat=event.heartbeat)
+    if isinstance(event, ClusterSnapshot):
+        return cpb.ClusterHealthServiceWatchResponse(snapshot=event.snapshot)
+    if isinstance(event, NodeUpdate):
+        return cpb.ClusterHealthServiceWatchResponse(update=event.update)
+    if isinstance(event, ClusterHeartbeat):
+        return cpb.ClusterHealthServiceWatchResponse(heartbeat=event.heartbeat)
     return event.response

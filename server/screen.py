@@ -28,6 +28,12 @@ class Screen(Protocol):
         """Characters per line; None: no limit."""
         ...
 
+    @property
+    def redraws(self) -> bool:
+        """Whether it shows a frame's block (else only its changes: a block need not
+        be built)."""
+        ...
+
     def show(self, frame: Frame) -> None:
         """Redraw the frame's block, or print its changes."""
         ...
@@ -59,6 +65,8 @@ class PrintingScreen:
     def width(self) -> int | None:
         return self._width
 
+    redraws = False
+
     def show(self, frame: Frame) -> None:
         self._write(frame.changes)
 
@@ -85,6 +93,8 @@ class LiveScreen:
     @property
     def width(self) -> int:
         return self._console.width
+
+    redraws = True
 
     def show(self, frame: Frame) -> None:
         for line in frame.notes:

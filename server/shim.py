@@ -33,7 +33,7 @@ from server.logs import configure_logging
 from server.readyz import Answer, ReadyzServer
 from server.settings import listen_address, listen_port
 from server.stream_readiness import StreamReadiness
-from server.watch import CONNECTION_OPTIONS, client_for, watch_settings
+from server.watch_settings import CONNECTION_OPTIONS, client_for, watch_settings
 
 log = logging.getLogger(__name__)
 

@@ -32,17 +32,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 async def capwatch_watch(capsys: pytest.CaptureFixture[str], *argv: str, env=None):
-    """Run ``capwatch watch`` in-process (its own event loop, in a thread); (rc, out, err)."""
+    """``capwatch watch`` as its flags and twins read, on this test's event loop; (rc, out,
+    err). Not main() in a thread: grpc's one poller hands each completion to the loop its
+    call was made on, and one landing after that thread's loop closed logs an error
+    (into the captured stderr this asserts on)."""
+    out, err = io.StringIO(), io.StringIO()
     async with asyncio.timeout(5):
-        rc = await asyncio.to_thread(main, ["watch", *argv], env or {})
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
+        rc = await watch(parsed(*argv, env=env), out=out, err=err)
+    return rc, out.getvalue(), err.getvalue()
 
 
-def parsed(*argv: str):
+def parsed(*argv: str, env=None):
     parser = argparse.ArgumentParser()
     add_watch_arguments(parser)
-    return watch_settings(parser.parse_args(argv), {})
+    return watch_settings(parser.parse_args(argv), env or {})
 
 
 @pytest.mark.asyncio
@@ -401,3 +404,21 @@ async def test_signal_exits_0_quietly(harness: ServerHarness, sig: signal.Signal
         process.send_signal(sig)
         _, err = await process.communicate()
     assert (process.returncode, err) == (0, b"")
+
+
+@pytest.mark.asyncio
+async def test_instance_names_the_agent_instance_since_belongs_to(harness: ServerHarness, capsys):
+    """--since N --instance ID resumes only within that agent instance: its own id gets the
+    cycles after N, another one's a resync that says the agent restarted."""
+    for _ in range(3):
+        harness.publish()
+    argv = ["--target", harness.target, "--since", "2", "--count", "1", "--json"]
+    own = harness.hub.instance_id
+    rc, out, _ = await capwatch_watch(capsys, *argv, "--instance", own)
+    assert rc == 0
+    assert json.loads(out)["cycle"]["sequence"] == "3"
+    other = "0badc0de-0000-4000-8000-000000000000"
+    rc, out, err = await capwatch_watch(capsys, *argv, "--instance", other)
+    assert rc == 0
+    assert json.loads(out)["snapshot"]["resync"] is True
+    assert err == "resync: the agent restarted; showing its current state\n"
