@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import grpc
+
 from agent.clock import Clock, SystemClock
 from agent.informer import WatchPolicy
 from controller import mapping
@@ -39,6 +41,7 @@ from controller.settings import ControllerSettings
 from controller.sharding import shard_of
 from controller.tracking import NodeTracker
 from controller.writing import ConditionWriter, NodeCondition
+from server.channels import SharedChannels
 from server.client import NodeHealthClient
 from server.exposition import RegistryServer
 from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
@@ -136,20 +139,24 @@ class Controller:
 
 
 def _client_factory(settings: ControllerSettings) -> Callable[[str, str], NodeHealthClient]:
+    """Clients for the agents, every node at one address streaming on one channel (each
+    client releases it when it closes; the last one closes it)."""
     tls = settings.agent_tls
-    credentials: dict[str, Any] = {}
+    credentials = None
     options: list[tuple[str, Any]] = []
     if tls is not None:
         # Read once at start: a renewed client certificate needs a restart.
-        credentials["root_certificates"] = tls.ca.read_bytes()
-        if tls.cert is not None and tls.key is not None:
-            credentials["certificate_chain"] = tls.cert.read_bytes()
-            credentials["private_key"] = tls.key.read_bytes()
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=tls.ca.read_bytes(),
+            certificate_chain=None if tls.cert is None else tls.cert.read_bytes(),
+            private_key=None if tls.key is None else tls.key.read_bytes(),
+        )
         if tls.server_name:
             options.append(("grpc.ssl_target_name_override", tls.server_name))
+    channels = SharedChannels(credentials=credentials, options=options)
 
     def make(node: str, address: str) -> NodeHealthClient:
-        return NodeHealthClient(target=address, node_name=node, options=options, **credentials)
+        return NodeHealthClient(target=address, node_name=node, channels=channels)
 
     return make
 

@@ -40,6 +40,7 @@ import grpc
 
 from agent.errors import ConfigError
 from server.backoff import Backoff, local_backoff
+from server.channels import SharedChannels
 from server.events import (
     Cycle,
     DeviceList,
@@ -110,6 +111,7 @@ class NodeHealthClient(RetryingClient):
         silence_timeout: float | None = None,
         snapshot_timeout: float = DEFAULT_SNAPSHOT_TIMEOUT_S,
         options: Sequence[tuple[str, Any]] = (),
+        channels: SharedChannels | None = None,
     ) -> None:
         """``target``: ``host:port`` or ``unix:///path``. ``node_name``: the node the
         agent there must be serving (it refuses a stream for another with
@@ -119,7 +121,9 @@ class NodeHealthClient(RetryingClient):
         ``silence_timeout``: give up on a stream that sent nothing for this long
         (default: three heartbeat periods plus a second, once the period is
         known; ``math.inf`` relies on keepalive alone). ``options`` are extra
-        channel arguments, overriding :data:`CHANNEL_OPTIONS`."""
+        channel arguments, overriding :data:`CHANNEL_OPTIONS`. ``channels``: stream
+        on the channel every client of the target shares (a controller following
+        many nodes at one address: :mod:`server.channels`)."""
         super().__init__(
             target=target,
             root_certificates=root_certificates,
@@ -132,6 +136,7 @@ class NodeHealthClient(RetryingClient):
             silence_timeout=silence_timeout,
             snapshot_timeout=snapshot_timeout,
             options=options,
+            channels=channels,
         )
         self.node_name = node_name
         self._heartbeat_s = checked_heartbeat(heartbeat_interval)

@@ -32,6 +32,7 @@ import grpc
 from agent.clock import SystemClock
 from agent.errors import CapwatchError, ConfigError
 from server.backoff import LOCAL_CHANNEL_OPTIONS, Backoff, is_local, local_backoff
+from server.channels import SharedChannels
 from server.events import Disconnected
 from server.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
 
@@ -98,9 +99,13 @@ class RetryingClient:
         silence_timeout: float | None = None,
         snapshot_timeout: float = DEFAULT_SNAPSHOT_TIMEOUT_S,
         options: Sequence[tuple[str, Any]] = (),
+        channels: SharedChannels | None = None,
     ) -> None:
         """TLS when any certificate bytes or ``credentials`` are given. ``options`` are
-        extra channel arguments, overriding :data:`CHANNEL_OPTIONS`. Raises ConfigError."""
+        extra channel arguments, overriding :data:`CHANNEL_OPTIONS`. ``channels``: call
+        on the channel shared by every client of the target (:mod:`server.channels`,
+        which then holds the credentials), not on one of this client's own. Raises
+        ConfigError."""
         if not target:
             raise ConfigError("target", "must not be empty")
         if (private_key is None) != (certificate_chain is None):
@@ -133,6 +138,8 @@ class RetryingClient:
         self._call: Call | None = None
         self._stream_channel: grpc.aio.Channel | None = None
         self._unary_channel: grpc.aio.Channel | None = None
+        self._channels = channels
+        self._shared: grpc.aio.Channel | None = None  # from ``channels``, held until close
 
     async def __aenter__(self) -> Self:
         return self
@@ -159,6 +166,11 @@ class RetryingClient:
         self._closed.set()
         if self._call is not None:
             self._call.cancel()
+        if self._channels is not None:
+            if self._shared is not None:
+                self._shared = None
+                await self._channels.release(self.target)
+            return
         for channel in (self._stream_channel, self._unary_channel):
             if channel is not None:
                 await channel.close()
@@ -169,6 +181,10 @@ class RetryingClient:
             raise ClientError("this client is already streaming; use one iteration at a time")
 
     def _open_channel(self) -> grpc.aio.Channel:
+        if self._channels is not None:
+            if self._shared is None:
+                self._shared = self._channels.acquire(self.target, self._options)
+            return self._shared
         if self._credentials is None:
             return grpc.aio.insecure_channel(self.target, options=self._options)
         return grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
@@ -189,9 +205,11 @@ class RetryingClient:
         try:
             return await invoke(self._unary_channel, deadline_s or self._snapshot_timeout_s)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() is grpc.StatusCode.UNAVAILABLE and self._unary_channel is not None:
-                channel, self._unary_channel = self._unary_channel, None
-                await channel.close()
+            unary = self._unary_channel
+            if exc.code() is grpc.StatusCode.UNAVAILABLE and unary is not None:
+                self._unary_channel = None
+                if unary is not self._shared:  # a shared one reconnects by itself
+                    await unary.close()
             raise ClientError(
                 f"{method} from {self.target}: {describe(exc)}", code=exc.code()
             ) from exc
@@ -236,7 +254,7 @@ class RetryingClient:
                             yield event
                 finally:
                     self._call = self._stream_channel = None
-                    await _end(call, channel)
+                    await _end(call, None if channel is self._shared else channel)
                 if self._closed.is_set():
                     return
                 retry_in = self.reconnect_backoff.delay(attempt, self._rng)
@@ -305,11 +323,13 @@ async def _read(call: Call, closed: asyncio.Future[Any], silence_s: float | None
     raise _Silent(f"no message for {silence_s:g}s; presuming the stream dead")
 
 
-async def _end(call: Call, channel: grpc.aio.Channel) -> None:
-    """Cancel ``call`` and close ``channel``, then wait for the call's final status:
-    grpc delivers it later, and must not deliver it to an event loop that closed."""
+async def _end(call: Call, channel: grpc.aio.Channel | None) -> None:
+    """Cancel ``call`` and close ``channel`` (None: a shared one, left open), then wait for
+    the call's final status: grpc delivers it later, and must not deliver it to an event
+    loop that closed."""
     call.cancel()
-    await channel.close()
+    if channel is not None:
+        await channel.close()
     await call.code()
 
 
