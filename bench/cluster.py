@@ -25,6 +25,14 @@ its target:
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# Run as a script, Python puts bench/ first on the path, where bench/controller.py
+# would shadow the controller package: look for packages from the repository instead.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
 import argparse
 import asyncio
 import contextlib

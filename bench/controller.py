@@ -15,6 +15,14 @@ per second in steady state (<= nodes/300 plus transitions).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# Run as a script, Python puts bench/ first on the path, where bench/controller.py
+# would shadow the controller package: look for packages from the repository instead.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import sys
 
 from bench.cluster import main
 
