@@ -62,11 +62,12 @@ class PoolNode:
         self.name = name
         self.world = SimWorld(node_scenario(name, gpus=settings.gpus))
         backend = SimGpuBackend(self.world)
+        self.store = OwnershipStore(None, clock=clock)
         self.reconciler = Reconciler(
             backend=backend,
             pods=SimPodView(self.world),
             attributor=Attributor(self.world),
-            store=OwnershipStore(None, clock=clock),
+            store=self.store,
             clock=clock,
             policy=Policy(
                 annotation_key=settings.annotation_key,
@@ -155,7 +156,9 @@ class Pool:
             at, order, name = due[0]
             wait = at - self._clock.monotonic()
             if wait > 0:
-                self._stop.wait(wait)
+                # On the pool's clock, as the agent's loop does: a FakeClock then runs
+                # the schedule in fake time instead of stalling it in real time.
+                self._clock.sleep(wait, self._stop)
                 continue
             heapq.heappop(due)
             node = self.nodes[name]
