@@ -34,6 +34,7 @@ from agent.pool import Pool, PoolNode, PoolSettings
 from agent.poolspec import PoolFaultKind, parse_fault
 from agent.reports import CycleReport
 from agent.settings import LOG_FORMAT_OPTION, LogFormat, log_level_option
+from server.mapping import DeviceNamer
 from server.nodes import ManyNodes, NodeState
 from server.publication import Publication
 from server.serving import AgentServer
@@ -181,7 +182,7 @@ def pool_command(namespace: argparse.Namespace, environ: Mapping[str, str]) -> P
     )
 
 
-def _server_settings(listen: str) -> ServerSettings:
+def pool_server_settings(listen: str) -> ServerSettings:
     return ServerSettings(
         listeners=(Listener(address=listen),),
         tls=None,
@@ -217,6 +218,34 @@ class _Transitions:
         self._out.flush()
 
 
+def node_state(kinds: frozenset[PoolFaultKind]) -> NodeState:
+    """How a node under ``kinds`` of fault is served (a hung node still answers)."""
+    if PoolFaultKind.VANISH in kinds:
+        return NodeState.VANISHED
+    if PoolFaultKind.SILENT in kinds:
+        return NodeState.SILENT
+    return NodeState.SERVING
+
+
+def served_nodes(pool: Pool, *, clock: Clock, namer: DeviceNamer) -> ManyNodes:
+    """Every node of ``pool`` as the services serve it: a publication of its own hub."""
+    return ManyNodes(
+        {
+            name: Publication(
+                hub=node.hub,
+                clock=clock,
+                node_name=name,
+                interval_s=pool.settings.interval_s,
+                namer=namer,
+                pool_name=name,
+                max_subscribers=STREAMS_PER_NODE,
+                max_per_peer=STREAMS_PER_NODE,
+            )
+            for name, node in pool.nodes.items()
+        }
+    )
+
+
 async def run_pool(
     command: PoolCommand, *, clock: Clock | None = None, stop: asyncio.Event | None = None
 ) -> int:
@@ -233,12 +262,7 @@ async def run_pool(
     holder: dict[str, ManyNodes] = {}
 
     def on_faults(node: str, kinds: frozenset[PoolFaultKind]) -> None:
-        state = NodeState.SERVING
-        if PoolFaultKind.VANISH in kinds:
-            state = NodeState.VANISHED
-        elif PoolFaultKind.SILENT in kinds:
-            state = NodeState.SILENT
-        loop.call_soon_threadsafe(holder["nodes"].set_state, node, state)
+        loop.call_soon_threadsafe(holder["nodes"].set_state, node, node_state(kinds))
 
     pool = Pool(
         command.pool,
@@ -246,24 +270,8 @@ async def run_pool(
         on_faults=on_faults,
         on_cycle=None if transitions_file is None else _Transitions(transitions_file),
     )
-    settings = _server_settings(command.listen)
-    namer = settings.device_namer()
-    nodes = ManyNodes(
-        {
-            name: Publication(
-                hub=node.hub,
-                clock=clock,
-                node_name=name,
-                interval_s=command.pool.interval_s,
-                namer=namer,
-                pool_name=name,
-                max_subscribers=STREAMS_PER_NODE,
-                max_per_peer=STREAMS_PER_NODE,
-            )
-            for name, node in pool.nodes.items()
-        }
-    )
-    holder["nodes"] = nodes
+    settings = pool_server_settings(command.listen)
+    nodes = holder["nodes"] = served_nodes(pool, clock=clock, namer=settings.device_namer())
     server = AgentServer(settings=settings, nodes=nodes, on_fatal=stop.set)
     await server.start()
     address = server.addresses[0]
