@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -246,19 +248,43 @@ def served_nodes(pool: Pool, *, clock: Clock, namer: DeviceNamer) -> ManyNodes:
     )
 
 
+def write_targets(path: Path, names: Iterable[str], address: str) -> None:
+    """``NODE ADDRESS`` for every node, written whole (a temporary file renamed over
+    ``path``), so a controller started when it appears reads every node. Raises
+    ConfigError."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        temporary.write_text("".join(f"{name} {address}\n" for name in names))
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise ConfigError("--targets-out", f"cannot write {path}: {exc.strerror}") from exc
+
+
 async def run_pool(
     command: PoolCommand, *, clock: Clock | None = None, stop: asyncio.Event | None = None
 ) -> int:
     """Serve the pool until SIGTERM/SIGINT (or ``stop``). Raises CapwatchError at start."""
-    clock = clock or SystemClock()
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
     transitions_file = None
     if command.transitions_out is not None:
         try:
             transitions_file = command.transitions_out.open("a", encoding="utf-8")
         except OSError as exc:
             raise ConfigError("--transitions-out", f"cannot open: {exc.strerror}") from exc
+    try:
+        return await _serve(
+            command, clock or SystemClock(), stop or asyncio.Event(), transitions_file
+        )
+    finally:
+        if transitions_file is not None:
+            transitions_file.close()
+
+
+async def _serve(
+    command: PoolCommand, clock: Clock, stop: asyncio.Event, transitions_file: TextIO | None
+) -> int:
+    loop = asyncio.get_running_loop()
     holder: dict[str, ManyNodes] = {}
 
     def on_faults(node: str, kinds: frozenset[PoolFaultKind]) -> None:
@@ -276,7 +302,11 @@ async def run_pool(
     await server.start()
     address = server.addresses[0]
     if command.targets_out is not None:
-        command.targets_out.write_text("".join(f"{name} {address}\n" for name in pool.names()))
+        try:
+            write_targets(command.targets_out, pool.names(), address)
+        except ConfigError:
+            await server.stop()
+            raise
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     pool.start()
@@ -295,7 +325,5 @@ async def run_pool(
             loop.remove_signal_handler(sig)
         await server.stop()
         pool.stop()
-        if transitions_file is not None:
-            transitions_file.close()
     log.info("pool stopped cycles=%d skipped=%d", pool.cycles, pool.skipped)
     return 0

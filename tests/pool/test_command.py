@@ -1,0 +1,66 @@
+"""``capwatch pool``'s command line: a bad flag or an unwritable file is one line, and the
+targets file lists every node at the address bound."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+import grpc
+
+from capwatch.cli import main
+from server.gen.capwatch.v1 import node_health_pb2 as pb
+from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from server.pool import add_pool_arguments, pool_command, run_pool
+from tests.server.harness import eventually
+
+QUIET = ["--log-level", "warning", "--grpc-listen", "127.0.0.1:0"]
+
+
+def test_a_targets_file_that_cannot_be_written_is_one_line_exit_2(capsys, tmp_path: Path):
+    """--targets-out in a directory that does not exist: the pool stops (its server too) and
+    says so in one line naming the flag, exit 2; no traceback."""
+    missing = tmp_path / "missing" / "targets.txt"
+    assert main(["pool", "--nodes", "2", "--targets-out", str(missing), *QUIET], {}) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"capwatch pool: error: --targets-out: cannot write {missing}: No such file or directory\n"
+    )
+
+
+def test_the_targets_file_lists_every_node_at_the_address_served(tmp_path: Path):
+    """--targets-out: one 'NODE ADDRESS' line per node, the address the pool bound (port 0
+    resolved), which serves each of them; nothing else is left in the directory."""
+    targets = tmp_path / "targets.txt"
+    parser = argparse.ArgumentParser()
+    add_pool_arguments(parser)
+    args = ["--nodes", "3", "--gpus", "1", "--interval", "0.2", "--targets-out", str(targets)]
+    command = pool_command(parser.parse_args([*args, *QUIET]), {})
+
+    async def written() -> bool:
+        return targets.exists()
+
+    async def serve_and_ask() -> list[str]:
+        stop = asyncio.Event()
+        running = asyncio.create_task(run_pool(command, stop=stop))
+        try:
+            await eventually(written, timeout=10)
+            lines = targets.read_text().splitlines()
+            async with grpc.aio.insecure_channel(lines[0].split()[1]) as channel:
+                stub = pb_grpc.NodeHealthServiceStub(channel)
+                for line in lines:
+                    name = line.split()[0]
+                    answer = await stub.GetSnapshot(pb.GetSnapshotRequest(node_name=name))
+                    assert answer.snapshot.node_name == name
+            return lines
+        finally:
+            stop.set()
+            assert await running == 0
+
+    lines = [line.split() for line in asyncio.run(serve_and_ask())]
+    assert [name for name, _ in lines] == ["sim-node-0", "sim-node-1", "sim-node-2"]
+    (address,) = {address for _, address in lines}
+    assert address.startswith("127.0.0.1:")
+    assert not address.endswith(":0")
+    assert [p.name for p in tmp_path.iterdir()] == ["targets.txt"]
