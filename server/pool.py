@@ -62,7 +62,8 @@ class PoolCommand:
 
 def _count(limit: int) -> Callable[[str, str], int]:
     def convert(flag: str, text: str) -> int:
-        if not text.isdigit() or not 1 <= int(text) <= limit:
+        # ASCII only: str.isdigit() also takes superscripts, which int() refuses.
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= limit:
             raise ConfigError(flag, f"must be an integer from 1 to {limit}, got {text!r}")
         return int(text)
 
@@ -70,7 +71,7 @@ def _count(limit: int) -> Callable[[str, str], int]:
 
 
 def _index(flag: str, text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ConfigError(flag, f"must be a non-negative integer, got {text!r}")
     return int(text)
 

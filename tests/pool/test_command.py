@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import grpc
+import pytest
 
 from capwatch.cli import main
 from server.gen.capwatch.v1 import node_health_pb2 as pb
@@ -64,3 +65,18 @@ def test_the_targets_file_lists_every_node_at_the_address_served(tmp_path: Path)
     assert address.startswith("127.0.0.1:")
     assert not address.endswith(":0")
     assert [p.name for p in tmp_path.iterdir()] == ["targets.txt"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--nodes", "²"], "--nodes: must be an integer from 1 to 20000, got '²'"),
+        (["--gpus", "٣"], "--gpus: must be an integer from 1 to 64, got '٣'"),
+        (["--first-index", "¹"], "--first-index: must be a non-negative integer, got '¹'"),
+    ],
+)
+def test_a_count_in_other_digits_is_one_line_exit_2(argv: list[str], expected: str, capsys):
+    """Digits str.isdigit() accepts but int() does not (superscripts), or that are not
+    ASCII, are refused in one line like any other bad count, not with a traceback."""
+    assert main(["pool", *argv, *QUIET], {}) == 2
+    assert capsys.readouterr().err == f"capwatch pool: error: {expected}\n"
