@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from agent.clock import Clock, SystemClock
 from agent.errors import ConfigError
 from agent.flags import Option, add_options, optional_path, positive_float, read_options
 from agent.pool import Pool, PoolNode, PoolSettings
-from agent.poolspec import PoolFaultKind, parse_fault
+from agent.poolspec import PoolFaultKind, node_names, parse_fault
 from agent.reports import CycleReport
 from agent.settings import LOG_FORMAT_OPTION, LogFormat, log_level_option
 from server.mapping import DeviceNamer
@@ -45,6 +46,9 @@ from server.settings import DEFAULT_DEVICE_NAME, Listener, ServerSettings, host_
 log = logging.getLogger(__name__)
 
 MAX_NODES = 20_000
+MAX_NODE_NAME = 253
+# Node names are RFC 1123 subdomains (as agent.settings checks --node-name).
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 MAX_GPUS = 64
 # A pool serves one controller-like client per node, and test tools besides.
 STREAMS_PER_NODE = 16
@@ -77,9 +81,16 @@ def _index(flag: str, text: str) -> int:
 
 
 def _prefix(flag: str, text: str) -> str:
-    if not text or len(text) > 200 or not all(c.isalnum() or c in "-." for c in text):
-        raise ConfigError(flag, f"must be the start of a node name (a-z, 0-9, -, .), got {text!r}")
-    return text.lower()
+    # Every name is the prefix and a number: valid for all when valid with "0".
+    prefix = text.lower()
+    if len(text) > 200 or not _NODE_NAME.fullmatch(f"{prefix}0"):
+        raise ConfigError(
+            flag,
+            f"nodes would be named {prefix + '0'!r}, ...: not Kubernetes node names (a-z, "
+            "0-9, '-' and '.', each dot-separated part starting and ending with a letter or "
+            "digit)",
+        )
+    return prefix
 
 
 def _listen(flag: str, text: str) -> str:
@@ -168,6 +179,13 @@ def pool_command(namespace: argparse.Namespace, environ: Mapping[str, str]) -> P
     faults = tuple(
         parse_fault("--fault", text, slot=slot) for slot, text in enumerate(values["fault"])
     )
+    names = node_names(values["nodes"], prefix=values["name_prefix"], first=values["first_index"])
+    if len(last := names[-1]) > MAX_NODE_NAME:
+        raise ConfigError(
+            "--first-index",
+            f"the last node's name would be {len(last)} characters long, more than a "
+            f"Kubernetes node name's {MAX_NODE_NAME}",
+        )
     return PoolCommand(
         pool=PoolSettings(
             nodes=values["nodes"],

@@ -80,3 +80,38 @@ def test_a_count_in_other_digits_is_one_line_exit_2(argv: list[str], expected: s
     ASCII, are refused in one line like any other bad count, not with a traceback."""
     assert main(["pool", *argv, *QUIET], {}) == 2
     assert capsys.readouterr().err == f"capwatch pool: error: {expected}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--name-prefix=-gpu"], "--name-prefix: nodes would be named '-gpu0', ..."),
+        (["--name-prefix", "gpu..x"], "--name-prefix: nodes would be named 'gpu..x0', ..."),
+        (["--name-prefix", "gpu-.x"], "--name-prefix: nodes would be named 'gpu-.x0', ..."),
+        (["--name-prefix", "grüne-"], "--name-prefix: nodes would be named 'grüne-0', ..."),
+        (
+            ["--name-prefix", "n" * 200, "--first-index", "1" + "0" * 60],
+            "--first-index: the last node's name would be 261 characters long, more than a "
+            "Kubernetes node name's 253",
+        ),
+    ],
+)
+def test_node_names_kubernetes_would_refuse_are_one_line_exit_2(
+    argv: list[str], expected: str, capsys
+):
+    """The pool's node names are valid Kubernetes node names (RFC 1123 subdomains of at
+    most 253 characters), or the pool does not start: a controller's targets file, and a
+    cluster, would refuse them."""
+    assert main(["pool", "--nodes", "2", *argv, *QUIET], {}) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"capwatch pool: error: {expected}")
+    assert err.count("\n") == 1
+
+
+def test_a_prefix_is_lowered_and_may_hold_dots_and_dashes(tmp_path: Path):
+    """Upper case is lowered; dots and dashes inside are fine: 'GPU.rack-7-' names
+    'gpu.rack-7-0', ... which the controller's targets file takes."""
+    parser = argparse.ArgumentParser()
+    add_pool_arguments(parser)
+    command = pool_command(parser.parse_args(["--name-prefix", "GPU.rack-7-"]), {})
+    assert command.pool.name_prefix == "gpu.rack-7-"
