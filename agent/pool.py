@@ -40,6 +40,9 @@ from agent.simulation import SimGpuBackend, SimPodView, SimWorld
 log = logging.getLogger(__name__)
 
 HUB_CAPACITY = 8  # cycles kept per node for resuming streams (the agent keeps 256)
+# Writes each node's simulated GPUs remember: every cycle writes every GPU, and an
+# unbounded log grew by ~180 bytes per write (1.7 GB an hour at 5,000 x 8 GPUs / 15 s).
+WRITE_LOG = 64
 _WRITE_FAULT = FaultSpec(op=FaultOp.SET_LIMIT, gpu=0, error=GpuErrorClass.NO_PERMISSION)
 
 
@@ -60,7 +63,7 @@ class PoolNode:
 
     def __init__(self, name: str, *, settings: PoolSettings, clock: Clock) -> None:
         self.name = name
-        self.world = SimWorld(node_scenario(name, gpus=settings.gpus))
+        self.world = SimWorld(node_scenario(name, gpus=settings.gpus), write_log=WRITE_LOG)
         backend = SimGpuBackend(self.world)
         self.store = OwnershipStore(None, clock=clock)
         self.reconciler = Reconciler(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent.clock import FakeClock
-from agent.pool import PoolNode, PoolSettings
+from agent.pool import WRITE_LOG, PoolNode, PoolSettings
 from agent.poolspec import PoolFaultKind, parse_fault
 from agent.reports import Outcome, Reason
 from tests.pool.support import run_pool_for
@@ -141,3 +141,16 @@ def test_a_write_fault_ends_when_its_window_does() -> None:
     assert report is not None
     assert report.enforced
     assert node.hub.readiness().ready
+
+
+def test_a_long_running_node_holds_a_bounded_write_log() -> None:
+    """Every cycle writes every GPU: a node of a pool that runs for hours must not keep
+    every write it ever made (5,000 nodes x 8 GPUs every 15 s is 2,667 a second); it keeps
+    the latest few, newest last."""
+    clock = FakeClock()
+    node = PoolNode("n-0", settings=PoolSettings(nodes=1, gpus=2, interval_s=1.0), clock=clock)
+    for _ in range(200):
+        node.cycle(NONE)
+    writes = node.world.writes()
+    assert 0 < len(writes) <= WRITE_LOG
+    assert writes[-1].cycle == node.hub.state().sequence
