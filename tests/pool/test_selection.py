@@ -5,6 +5,7 @@ node's streams end while every other node's go on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -52,11 +53,11 @@ class PoolServer:
         return pb_grpc.NodeHealthServiceStub(self.channel)
 
 
-@pytest_asyncio.fixture
-async def served() -> AsyncIterator[PoolServer]:
-    """Three nodes of two GPUs, interval 0.5 s, on a real server; no cycle yet."""
+@contextlib.asynccontextmanager
+async def serving(interval_s: float) -> AsyncIterator[PoolServer]:
+    """Three nodes of two GPUs on a real server; no cycle yet."""
     clock = SystemClock()
-    pool = Pool(PoolSettings(nodes=3, gpus=2, interval_s=0.5), clock=clock)
+    pool = Pool(PoolSettings(nodes=3, gpus=2, interval_s=interval_s), clock=clock)
     settings = pool_server_settings("127.0.0.1:0")
     nodes = served_nodes(pool, clock=clock, namer=settings.device_namer())
     server = AgentServer(settings=settings, nodes=nodes)
@@ -67,6 +68,13 @@ async def served() -> AsyncIterator[PoolServer]:
     finally:
         await channel.close()
         await server.stop()
+
+
+@pytest_asyncio.fixture
+async def served() -> AsyncIterator[PoolServer]:
+    """Three nodes, interval 0.5 s (stale after 1.5 s)."""
+    async with serving(0.5) as started:
+        yield started
 
 
 async def refusal(call: Any) -> grpc.aio.AioRpcError:
@@ -225,6 +233,25 @@ async def test_a_silent_node_ends_its_streams_and_refuses_new_ones(served: PoolS
     served.node(0).cycle(NONE)
     assert (await next_event(again, "cycle")).sequence == 2
     again.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_silent_node_ends_its_streams_now_not_an_interval_later() -> None:
+    """With a 30 s interval, a node gone silent ends its Watch and DRA streams at once: a
+    DRA stream waiting for the next cycle (or its re-send, an interval away) is woken."""
+    async with serving(30.0) as served:
+        quiet = served.names[0]
+        served.node(0).cycle(NONE)
+        watch = served.stub.Watch(pb.WatchRequest(node_name=quiet))
+        dra = v1alpha1_grpc.DRAResourceHealthStub(served.channel).NodeWatchResources(
+            v1alpha1_pb.NodeWatchResourcesRequest(), metadata=((NODE_METADATA_KEY, quiet),)
+        )
+        await next_event(watch, "snapshot")
+        await dra.read()
+        served.nodes.set_state(quiet, NodeState.SILENT)
+        async with asyncio.timeout(5):
+            assert await watch.read() is grpc.aio.EOF
+            assert await dra.read() is grpc.aio.EOF
 
 
 @pytest.mark.asyncio
