@@ -255,6 +255,27 @@ async def test_a_silent_node_ends_its_streams_now_not_an_interval_later() -> Non
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("turns", range(8))
+async def test_a_node_gone_silent_while_its_stream_sends_still_ends_it(turns: int) -> None:
+    """The node goes silent a few event-loop turns after a cycle, while its Watch stream is
+    busy sending that cycle rather than waiting (the nudge finds no one waiting): the
+    stream still ends once it has sent what it had, not at its next heartbeat (45 s
+    away at a 30 s interval)."""
+    async with serving(30.0) as served:
+        quiet = served.names[0]
+        served.node(0).cycle(NONE)
+        watch = served.stub.Watch(pb.WatchRequest(node_name=quiet))
+        await next_event(watch, "snapshot")
+        served.node(0).cycle(NONE)
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        served.nodes.set_state(quiet, NodeState.SILENT)
+        async with asyncio.timeout(5):
+            while (message := await watch.read()) is not grpc.aio.EOF:
+                assert message.WhichOneof("event") == "cycle"
+
+
+@pytest.mark.asyncio
 async def test_a_vanished_node_is_not_found_until_it_returns(served: PoolServer) -> None:
     """A vanished node's open stream ends and it answers NOT_FOUND as if it never existed;
     back, it serves its own sequence on from where it was."""
