@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# `make demo DEMO_FLAGS=--cluster` runs the cluster demo (any `capwatch demo` flags).
+DEMO_FLAGS ?=
 demo: setup
-	$(BIN)/capwatch demo
+	$(BIN)/capwatch demo $(DEMO_FLAGS)
 
 fakenvml: setup
 	$(BIN)/python tests/fakenvml/build.py $(FAKENVML)

@@ -40,6 +40,9 @@ from agent.simulation import SimGpuBackend, SimPodView, SimWorld
 log = logging.getLogger(__name__)
 
 HUB_CAPACITY = 8  # cycles kept per node for resuming streams (the agent keeps 256)
+# Writes each node's simulated GPUs remember: every cycle writes every GPU, and an
+# unbounded log grew by ~180 bytes per write (1.7 GB an hour at 5,000 x 8 GPUs / 15 s).
+WRITE_LOG = 64
 _WRITE_FAULT = FaultSpec(op=FaultOp.SET_LIMIT, gpu=0, error=GpuErrorClass.NO_PERMISSION)
 
 
@@ -60,13 +63,14 @@ class PoolNode:
 
     def __init__(self, name: str, *, settings: PoolSettings, clock: Clock) -> None:
         self.name = name
-        self.world = SimWorld(node_scenario(name, gpus=settings.gpus))
+        self.world = SimWorld(node_scenario(name, gpus=settings.gpus), write_log=WRITE_LOG)
         backend = SimGpuBackend(self.world)
+        self.store = OwnershipStore(None, clock=clock)
         self.reconciler = Reconciler(
             backend=backend,
             pods=SimPodView(self.world),
             attributor=Attributor(self.world),
-            store=OwnershipStore(None, clock=clock),
+            store=self.store,
             clock=clock,
             policy=Policy(
                 annotation_key=settings.annotation_key,
@@ -155,7 +159,9 @@ class Pool:
             at, order, name = due[0]
             wait = at - self._clock.monotonic()
             if wait > 0:
-                self._stop.wait(wait)
+                # On the pool's clock, as the agent's loop does: a FakeClock then runs
+                # the schedule in fake time instead of stalling it in real time.
+                self._clock.sleep(wait, self._stop)
                 continue
             heapq.heappop(due)
             node = self.nodes[name]

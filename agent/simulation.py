@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -67,9 +68,17 @@ class SimWrite:
 class SimWorld:
     """The state of one simulated node, shared by its backend and pod view. Thread-safe."""
 
-    def __init__(self, scenario: Scenario, *, limits: PersistentLimits | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        limits: PersistentLimits | None = None,
+        write_log: int | None = None,
+    ) -> None:
         """``limits``: keep the power limits in a file that outlives the process (crash
-        trials); raises ConfigError if that file cannot be read."""
+        trials); raises ConfigError if that file cannot be read. ``write_log``: how many
+        writes :meth:`writes` keeps, the latest (None: every one; a long-running pool's
+        nodes keep a few)."""
         self._scenario = scenario
         self._lock = threading.Lock()
         self.stop = threading.Event()  # set by interrupt(): hangs end at once
@@ -78,7 +87,7 @@ class SimWorld:
         self._persisted = limits
         kept = {} if limits is None else limits.load()
         self._limits_mw = [kept.get(g.uuid, g.default_watts * _MW_PER_WATT) for g in scenario.gpus]
-        self._writes: list[SimWrite] = []
+        self._writes: deque[SimWrite] = deque(maxlen=write_log)
         self._faults: list[FaultSpec] = list(scenario.faults)
         self._pods: list[PodSpec] = list(scenario.pods)
         self._processes: dict[int, tuple[ProcessSpec, ...]] = {
@@ -124,7 +133,7 @@ class SimWorld:
             return self._limits_mw[index]
 
     def writes(self) -> tuple[SimWrite, ...]:
-        """Every write attempted so far, oldest first."""
+        """Every write attempted so far (the latest ``write_log``), oldest first."""
         with self._lock:
             return tuple(self._writes)
 

@@ -182,7 +182,12 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return asyncio.run(run_pool(command))
     from server.demo import demo_settings, run_demo
 
-    return run_demo(demo_settings(args, environ))
+    demo = demo_settings(args, environ)
+    if demo.cluster:
+        from server.cluster_demo import run_cluster_demo
+
+        return run_cluster_demo(demo)
+    return run_demo(demo)
 
 
 def _controller(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

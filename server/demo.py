@@ -29,10 +29,11 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.assembly import load_settings_scenario
 from agent.errors import CapwatchError, ConfigError
-from agent.flags import Option, add_options, optional_path, positive_float, read_options
+from agent.flags import Option, add_options, boolean, optional_path, positive_float, read_options
 from agent.lifecycle import ShutdownSummary
 from agent.reports import CycleReport
 from agent.settings import (
@@ -53,6 +54,8 @@ from server.settings import host_port, server_settings
 from server.tables import FAILED, GOOD, Frame, GpuBoard, Line, wrapped
 
 DEFAULT_DEMO_LISTEN = "127.0.0.1:50051"
+DEFAULT_CLUSTER_LISTEN = "127.0.0.1:50052"
+MIN_CLUSTER_INTERVAL_S = 0.1
 DEFAULT_READYZ_PORT = 8081
 DEFAULT_METRICS_PORT = 9400
 READYZ_POLL_S = 0.25
@@ -74,6 +77,9 @@ class DemoSettings:
     metrics_port: int | None  # None: no metrics
     log_level: str
     log_format: LogFormat
+    # --cluster (server/cluster_demo.py): a pool at grpc_listen, a controller at this.
+    cluster: bool = False
+    cluster_listen: str = DEFAULT_CLUSTER_LISTEN
 
 
 def _interval(flag: str, text: str) -> float | None:
@@ -98,6 +104,12 @@ def _listen(flag: str, text: str) -> str:
         return text
     if host_port(text) is None:
         raise ConfigError(flag, f"expected unix:///path or host:port, got {text!r}")
+    return text
+
+
+def _host_port(flag: str, text: str) -> str:
+    if host_port(text) is None:
+        raise ConfigError(flag, f"expected host:port, got {text!r}")
     return text
 
 
@@ -154,6 +166,24 @@ _OPTIONS = (
         convert=_port("metrics off"),
         help="port of the metrics on 127.0.0.1 (0 turns them off)",
     ),
+    Option(
+        flag="--cluster",
+        env="CAPWATCH_DEMO_CLUSTER",
+        default="false",
+        convert=boolean,
+        help="the cluster demo instead: a pool of 12 simulated nodes, a controller in "
+        "--dry-run following them, and every node's condition (--readyz-port and "
+        "--metrics-port are not used)",
+        switch=True,
+    ),
+    Option(
+        flag="--cluster-listen",
+        env="CAPWATCH_DEMO_CLUSTER_LISTEN",
+        default=DEFAULT_CLUSTER_LISTEN,
+        convert=_host_port,
+        help="with --cluster: where the controller serves the cluster stream (host:0 picks "
+        "a free port)",
+    ),
     log_level_option("error"),  # the tables say what the warnings would
     LOG_FORMAT_OPTION,
 )
@@ -165,7 +195,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 def demo_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -> DemoSettings:
     values = read_options(namespace, environ, _OPTIONS)
-    if values["scenario"] is not None and not values["scenario"].is_file():
+    if values["cluster"]:
+        _check_cluster(values)
+    elif values["scenario"] is not None and not values["scenario"].is_file():
         raise ConfigError("--scenario", f"{values['scenario']} is not a readable file")
     return DemoSettings(
         scenario=values["scenario"],
@@ -176,7 +208,24 @@ def demo_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -> 
         metrics_port=values["metrics_port"] or None,
         log_level=values["log_level"],
         log_format=values["log_format"],
+        cluster=values["cluster"],
+        cluster_listen=values["cluster_listen"],
     )
+
+
+def _check_cluster(values: Mapping[str, Any]) -> None:
+    """The pool makes each node's scenario, serves on one address and runs until stopped."""
+    for flag in ("scenario", "cycles"):
+        if values[flag] is not None:
+            raise ConfigError(f"--{flag}", "not with --cluster")
+    listen = values["grpc_listen"]
+    if len(listen) != 1 or host_port(listen[0]) is None:
+        raise ConfigError("--grpc-listen", "with --cluster: one host:port, where the pool serves")
+    interval = values["interval"]
+    if interval is not None and interval < MIN_CLUSTER_INTERVAL_S:
+        raise ConfigError(
+            "--interval", f"must be at least {MIN_CLUSTER_INTERVAL_S:g}s with --cluster"
+        )
 
 
 def run_demo(settings: DemoSettings) -> int:

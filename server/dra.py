@@ -10,6 +10,7 @@ each change of message is a pod status update in the kubelet.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator
 from types import ModuleType
@@ -99,13 +100,12 @@ class _DraServicer:
         pub = (await self._nodes.resolve(metadata_node(context), context)).publication
         slot = await pub.admit(context)
         try:
-            hub = pub.hub
             view = pub.view()
             cursor = view.state.sequence
             yield self.response(pub, view)
             # Re-send at least every interval: a third of the kubelet's timeout.
             while not pub.stopping.is_set():
-                await hub.wait(cursor, pub.interval_s)
+                await _next_cycle(pub, cursor)
                 if pub.stopping.is_set():
                     return
                 view = pub.view()
@@ -114,6 +114,20 @@ class _DraServicer:
                 yield self.response(pub, view)
         finally:
             pub.unsubscribe(slot)
+
+
+async def _next_cycle(pub: Publication, cursor: int) -> None:
+    """Until a cycle after ``cursor``, an interval passes, or ``pub`` stops: a pool's node
+    gone silent sets ``stopping`` with no cycle to wake its streams (an agent's shutdown
+    also releases the hub's readers)."""
+    cycle = asyncio.ensure_future(pub.hub.wait(cursor, pub.interval_s))
+    stopped = asyncio.ensure_future(pub.stopping.wait())
+    try:
+        await asyncio.wait((cycle, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in (cycle, stopped):
+            waiting.cancel()
+        await asyncio.gather(cycle, stopped, return_exceptions=True)
 
 
 class DraV1alpha1Servicer(_DraServicer, v1alpha1_grpc.DRAResourceHealthServicer):

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import re
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -32,9 +35,10 @@ from agent.clock import Clock, SystemClock
 from agent.errors import ConfigError
 from agent.flags import Option, add_options, optional_path, positive_float, read_options
 from agent.pool import Pool, PoolNode, PoolSettings
-from agent.poolspec import PoolFaultKind, parse_fault
+from agent.poolspec import PoolFaultKind, node_names, parse_fault
 from agent.reports import CycleReport
 from agent.settings import LOG_FORMAT_OPTION, LogFormat, log_level_option
+from server.mapping import DeviceNamer
 from server.nodes import ManyNodes, NodeState
 from server.publication import Publication
 from server.serving import AgentServer
@@ -43,6 +47,9 @@ from server.settings import DEFAULT_DEVICE_NAME, Listener, ServerSettings, host_
 log = logging.getLogger(__name__)
 
 MAX_NODES = 20_000
+MAX_NODE_NAME = 253
+# Node names are RFC 1123 subdomains (as agent.settings checks --node-name).
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 MAX_GPUS = 64
 # A pool serves one controller-like client per node, and test tools besides.
 STREAMS_PER_NODE = 16
@@ -60,7 +67,8 @@ class PoolCommand:
 
 def _count(limit: int) -> Callable[[str, str], int]:
     def convert(flag: str, text: str) -> int:
-        if not text.isdigit() or not 1 <= int(text) <= limit:
+        # ASCII only: str.isdigit() also takes superscripts, which int() refuses.
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= limit:
             raise ConfigError(flag, f"must be an integer from 1 to {limit}, got {text!r}")
         return int(text)
 
@@ -68,15 +76,22 @@ def _count(limit: int) -> Callable[[str, str], int]:
 
 
 def _index(flag: str, text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ConfigError(flag, f"must be a non-negative integer, got {text!r}")
     return int(text)
 
 
 def _prefix(flag: str, text: str) -> str:
-    if not text or len(text) > 200 or not all(c.isalnum() or c in "-." for c in text):
-        raise ConfigError(flag, f"must be the start of a node name (a-z, 0-9, -, .), got {text!r}")
-    return text.lower()
+    # Every name is the prefix and a number: valid for all when valid with "0".
+    prefix = text.lower()
+    if len(text) > 200 or not _NODE_NAME.fullmatch(f"{prefix}0"):
+        raise ConfigError(
+            flag,
+            f"nodes would be named {prefix + '0'!r}, ...: not Kubernetes node names (a-z, "
+            "0-9, '-' and '.', each dot-separated part starting and ending with a letter or "
+            "digit)",
+        )
+    return prefix
 
 
 def _listen(flag: str, text: str) -> str:
@@ -165,6 +180,13 @@ def pool_command(namespace: argparse.Namespace, environ: Mapping[str, str]) -> P
     faults = tuple(
         parse_fault("--fault", text, slot=slot) for slot, text in enumerate(values["fault"])
     )
+    names = node_names(values["nodes"], prefix=values["name_prefix"], first=values["first_index"])
+    if len(last := names[-1]) > MAX_NODE_NAME:
+        raise ConfigError(
+            "--first-index",
+            f"the last node's name would be {len(last)} characters long, more than a "
+            f"Kubernetes node name's {MAX_NODE_NAME}",
+        )
     return PoolCommand(
         pool=PoolSettings(
             nodes=values["nodes"],
@@ -182,7 +204,7 @@ def pool_command(namespace: argparse.Namespace, environ: Mapping[str, str]) -> P
     )
 
 
-def _server_settings(listen: str) -> ServerSettings:
+def pool_server_settings(listen: str) -> ServerSettings:
     return ServerSettings(
         listeners=(Listener(address=listen),),
         tls=None,
@@ -220,44 +242,24 @@ class _Transitions:
         self._out.flush()
 
 
-async def run_pool(
-    command: PoolCommand, *, clock: Clock | None = None, stop: asyncio.Event | None = None
-) -> int:
-    """Serve the pool until SIGTERM/SIGINT (or ``stop``). Raises CapwatchError at start."""
-    clock = clock or SystemClock()
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    transitions_file = None
-    if command.transitions_out is not None:
-        try:
-            transitions_file = command.transitions_out.open("a", encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError("--transitions-out", f"cannot open: {exc.strerror}") from exc
-    holder: dict[str, ManyNodes] = {}
+def node_state(kinds: frozenset[PoolFaultKind]) -> NodeState:
+    """How a node under ``kinds`` of fault is served (a hung node still answers)."""
+    if PoolFaultKind.VANISH in kinds:
+        return NodeState.VANISHED
+    if PoolFaultKind.SILENT in kinds:
+        return NodeState.SILENT
+    return NodeState.SERVING
 
-    def on_faults(node: str, kinds: frozenset[PoolFaultKind]) -> None:
-        state = NodeState.SERVING
-        if PoolFaultKind.VANISH in kinds:
-            state = NodeState.VANISHED
-        elif PoolFaultKind.SILENT in kinds:
-            state = NodeState.SILENT
-        loop.call_soon_threadsafe(holder["nodes"].set_state, node, state)
 
-    pool = Pool(
-        command.pool,
-        clock=clock,
-        on_faults=on_faults,
-        on_cycle=None if transitions_file is None else _Transitions(transitions_file),
-    )
-    settings = _server_settings(command.listen)
-    namer = settings.device_namer()
-    nodes = ManyNodes(
+def served_nodes(pool: Pool, *, clock: Clock, namer: DeviceNamer) -> ManyNodes:
+    """Every node of ``pool`` as the services serve it: a publication of its own hub."""
+    return ManyNodes(
         {
             name: Publication(
                 hub=node.hub,
                 clock=clock,
                 node_name=name,
-                interval_s=command.pool.interval_s,
+                interval_s=pool.settings.interval_s,
                 namer=namer,
                 pool_name=name,
                 max_subscribers=STREAMS_PER_NODE,
@@ -266,12 +268,67 @@ async def run_pool(
             for name, node in pool.nodes.items()
         }
     )
-    holder["nodes"] = nodes
+
+
+def write_targets(path: Path, names: Iterable[str], address: str) -> None:
+    """``NODE ADDRESS`` for every node, written whole (a temporary file renamed over
+    ``path``), so a controller started when it appears reads every node. Raises
+    ConfigError."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        temporary.write_text("".join(f"{name} {address}\n" for name in names))
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise ConfigError("--targets-out", f"cannot write {path}: {exc.strerror}") from exc
+
+
+async def run_pool(
+    command: PoolCommand, *, clock: Clock | None = None, stop: asyncio.Event | None = None
+) -> int:
+    """Serve the pool until SIGTERM/SIGINT (or ``stop``). Raises CapwatchError at start."""
+    transitions_file = None
+    if command.transitions_out is not None:
+        try:
+            transitions_file = command.transitions_out.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError("--transitions-out", f"cannot open: {exc.strerror}") from exc
+    try:
+        return await _serve(
+            command, clock or SystemClock(), stop or asyncio.Event(), transitions_file
+        )
+    finally:
+        if transitions_file is not None:
+            transitions_file.close()
+
+
+async def _serve(
+    command: PoolCommand, clock: Clock, stop: asyncio.Event, transitions_file: TextIO | None
+) -> int:
+    loop = asyncio.get_running_loop()
+    holder: dict[str, ManyNodes] = {}
+
+    def on_faults(node: str, kinds: frozenset[PoolFaultKind]) -> None:
+        loop.call_soon_threadsafe(holder["nodes"].set_state, node, node_state(kinds))
+
+    pool = Pool(
+        command.pool,
+        clock=clock,
+        on_faults=on_faults,
+        on_cycle=None if transitions_file is None else _Transitions(transitions_file),
+    )
+    settings = pool_server_settings(command.listen)
+    nodes = holder["nodes"] = served_nodes(pool, clock=clock, namer=settings.device_namer())
     server = AgentServer(settings=settings, nodes=nodes, on_fatal=stop.set)
     await server.start()
     address = server.addresses[0]
     if command.targets_out is not None:
-        command.targets_out.write_text("".join(f"{name} {address}\n" for name in pool.names()))
+        try:
+            write_targets(command.targets_out, pool.names(), address)
+        except ConfigError:
+            await server.stop()
+            raise
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     pool.start()
@@ -290,7 +347,5 @@ async def run_pool(
             loop.remove_signal_handler(sig)
         await server.stop()
         pool.stop()
-        if transitions_file is not None:
-            transitions_file.close()
     log.info("pool stopped cycles=%d skipped=%d", pool.cycles, pool.skipped)
     return 0

@@ -77,6 +77,11 @@ class NodeHealthServicer:
             clock = pub.clock
             with feed.broadcast.subscribe(after=cursor, quiet_s=heartbeat_s) as cycles:
                 while True:
+                    # Stopped (a pool's node gone silent) while this stream was sending
+                    # rather than waiting, so the nudge missed it: end once it has sent
+                    # every cycle recorded.
+                    if pub.stopping.is_set() and cycles.position >= pub.hub.state().sequence:
+                        return
                     cycle = await cycles.next()
                     if isinstance(cycle, SharedCycle):
                         pub.messages_sent += 1
