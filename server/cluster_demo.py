@@ -6,8 +6,8 @@ some hang, some go silent, and all recover); ``capwatch controller --dry-run``
 follows every node's stream as it follows real agents, and prints the Node
 condition patches and Events it would write (shown as they come); and the
 demo follows the controller's cluster stream (capwatch.v1.ClusterHealthService)
-with a plain gRPC client and keeps every node's condition on screen (redrawn
-in place on a terminal; elsewhere each change is printed as a row).
+with the client and the table of ``capwatch watch --cluster`` (redrawn in
+place on a terminal; elsewhere each change is printed as a row).
 
 The pool and the controller are child processes that die with the demo even
 when it is SIGKILLed (capwatch/child.py); each says on its log when it serves,
@@ -30,15 +30,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import grpc
-
+from server.cluster_client import ClusterHealthClient
+from server.cluster_table import NodeBoard
 from server.demo import DemoError, DemoSettings
-from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from server.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
+from server.events import ClusterEvent, ClusterSnapshot, Disconnected, NodeUpdate
 from server.logs import configure_logging
 from server.screen import Screen, log_stream, screen_for
 from server.serving import address_in_use
-from server.tables import FAILED, GOOD, HEADER, QUIET, Column, Frame, Line, table
+from server.tables import FAILED, GOOD, QUIET
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +59,6 @@ STOP_TIMEOUT_S = 5.0
 RETRY_S = 0.5
 EXIT_OK, EXIT_FAILED = 0, 1
 
-_STATUS = {
-    cpb.CONDITION_STATUS_TRUE: ("True", GOOD),
-    cpb.CONDITION_STATUS_FALSE: ("False", FAILED),
-    cpb.CONDITION_STATUS_UNKNOWN: ("Unknown", "yellow"),
-}
-COLUMNS = (
-    Column(name="NODE", min=11, max=20),
-    Column(name="CONDITION", min=9, max=9),
-    Column(name="REASON", min=16, max=22, floor=10),
-    Column(name="MESSAGE", min=16, max=120, grow=1, rank=1),
-)
-
 
 def _seconds(value: float) -> str:
     return f"{value:.3f}".rstrip("0").rstrip(".")
@@ -84,63 +71,6 @@ def cluster_faults(interval_s: float) -> tuple[str, ...]:
         f"+{_seconds(duration * interval_s)}/{_seconds(PERIOD * interval_s)}"
         for kind, fraction, start, duration in SCHEDULE
     )
-
-
-class ClusterBoard:
-    """Every node's condition as the cluster stream says, and which rows changed."""
-
-    def __init__(self) -> None:
-        self._nodes: dict[str, cpb.NodeHealth] = {}
-        self._shown: dict[str, tuple[str, ...]] = {}
-
-    def snapshot(self, snapshot: cpb.ClusterSnapshot, width: int | None) -> Frame:
-        self._nodes = {n.node_name: n for n in snapshot.nodes}
-        self._shown = {name: _cells(node) for name, node in self._nodes.items()}
-        block = self._block(width)
-        return Frame(block=block, changes=(*block, ()))
-
-    def update(self, update: cpb.NodeUpdate, width: int | None) -> Frame:
-        name = update.node.node_name
-        if update.removed:
-            self._nodes.pop(name, None)
-            self._shown.pop(name, None)
-            removed: Line = ((f"  {name} removed", QUIET),)
-            return Frame(block=self._block(width), changes=(removed,))
-        self._nodes[name] = update.node
-        cells = _cells(update.node)
-        # A row is printed when the condition's status or reason changes (what the
-        # controller writes on); a new message alone (why the agent is unreachable,
-        # which GPUs fail) is redrawn on a terminal only.
-        if self._shown.get(name, ())[:3] == cells[:3]:
-            return Frame(block=self._block(width))
-        self._shown[name] = cells
-        row = table(COLUMNS, [(cells, _styles(update.node))], width)[1:]
-        return Frame(block=self._block(width), changes=tuple(row))
-
-    def _block(self, width: int | None) -> tuple[Line, ...]:
-        counts = dict.fromkeys(("True", "False", "Unknown"), 0)
-        for node in self._nodes.values():
-            counts[_STATUS.get(node.condition.status, ("Unknown", ""))[0]] += 1
-        heading: Line = (
-            (f"cluster: {len(self._nodes)} nodes  ", HEADER),
-            (f"{counts['True']} True", GOOD),
-            ("  ", ""),
-            (f"{counts['False']} False", FAILED if counts["False"] else ""),
-            ("  ", ""),
-            (f"{counts['Unknown']} Unknown", "yellow" if counts["Unknown"] else ""),
-        )
-        rows = [(_cells(n), _styles(n)) for _, n in sorted(self._nodes.items())]
-        return (heading, *table(COLUMNS, rows, width))
-
-
-def _cells(node: cpb.NodeHealth) -> tuple[str, ...]:
-    status = _STATUS.get(node.condition.status, ("?", ""))[0]
-    return (node.node_name, status, node.condition.reason, node.condition.message)
-
-
-def _styles(node: cpb.NodeHealth) -> tuple[str, ...]:
-    style = _STATUS.get(node.condition.status, ("", ""))[1]
-    return ("", style, style, QUIET)
 
 
 class Child:
@@ -262,7 +192,7 @@ class ClusterDemo:
         self._screen = screen
         self._targets = state_dir / "targets.txt"
         self._interval_s = settings.interval_s or DEFAULT_INTERVAL_S
-        self._board = ClusterBoard()
+        self._board = NodeBoard()  # capwatch watch --cluster's table
         self.stop = asyncio.Event()
         self.died: str | None = None
         faults = cluster_faults(self._interval_s)
@@ -333,7 +263,7 @@ class ClusterDemo:
         await self.pool.stop()
 
     def _intro(self, pool_at: str, cluster_at: str) -> None:
-        node = "sim-node-00"
+        node = "sim-node-0"
         for line in [
             f"capwatch demo --cluster: {NODES} simulated nodes of {GPUS} GPUs in one pool "
             "process, followed by a controller in --dry-run (it prints the Node condition "
@@ -353,24 +283,21 @@ class ClusterDemo:
             self._screen.note(((line, ""),))
 
     async def _follow(self, address: str) -> None:
-        """The cluster stream, onto the screen; reconnecting while the controller lives."""
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = cpb_grpc.ClusterHealthServiceStub(channel)
-            while True:
-                try:
-                    async for message in stub.Watch(cpb.ClusterHealthServiceWatchRequest()):
-                        self._show(message)
-                except grpc.aio.AioRpcError as exc:
-                    log.info("cluster stream lost code=%s", exc.code().name)
-                await asyncio.sleep(RETRY_S)
+        """The cluster stream, onto the screen as ``capwatch watch --cluster`` shows it;
+        the client reconnects while the controller lives."""
+        client = ClusterHealthClient(target=address)
+        async with client, contextlib.aclosing(client.events()) as events:
+            async for event in events:
+                self._show(event)
 
-    def _show(self, message: cpb.ClusterHealthServiceWatchResponse) -> None:
+    def _show(self, event: ClusterEvent) -> None:
         width = self._screen.width
-        kind = message.WhichOneof("event")
-        if kind == "snapshot":
-            self._screen.show(self._board.snapshot(message.snapshot, width))
-        elif kind == "update":
-            self._screen.show(self._board.update(message.update, width))
+        if isinstance(event, ClusterSnapshot):
+            self._screen.show(self._board.snapshot(event.snapshot, event.received_at, width))
+        elif isinstance(event, NodeUpdate):
+            self._screen.show(self._board.update(event.update, event.received_at, width))
+        elif isinstance(event, Disconnected):
+            log.info("cluster stream lost error=%s", event.error)
 
     def _dry_run_line(self, line: str) -> None:
         style = FAILED if "=False" in line or line.startswith("EVENT Warning") else ""

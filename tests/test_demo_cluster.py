@@ -131,7 +131,7 @@ def test_the_cluster_demos_children_die_with_it_even_on_sigkill(tmp_path: Path):
     """SIGKILL the demo once it shows the cluster (no handler runs): neither its pool nor its
     controller outlives it."""
     with cluster_demo(tmp_path, dict(os.environ)) as process:
-        wait_until(process, tmp_path / "out", lambda t: f"cluster: {NODES} nodes" in t, 40)
+        wait_until(process, tmp_path / "out", lambda t: f"{NODES} nodes:" in t, 40)
         children = _children(process.pid)
         assert len(children) == 2
         process.send_signal(signal.SIGKILL)
@@ -214,7 +214,7 @@ def test_a_part_that_dies_stops_the_cluster_demo_and_says_so(part: str, tmp_path
     """The pool or the controller killed mid-demo: the demo stops the other part and exits 1
     with one line on stderr saying which died and how (its conditions would be lies)."""
     with cluster_demo(tmp_path, dict(os.environ)) as process:
-        wait_until(process, tmp_path / "out", lambda t: f"cluster: {NODES} nodes" in t, 40)
+        wait_until(process, tmp_path / "out", lambda t: f"{NODES} nodes:" in t, 40)
         children = _children(process.pid)
         (victim,) = (c for c in children if f"\0{part}\0" in Path(f"/proc/{c}/cmdline").read_text())
         os.kill(victim, signal.SIGKILL)
