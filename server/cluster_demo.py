@@ -274,10 +274,8 @@ class ClusterDemo:
             f"{PERIOD * self._interval_s:g}s. Ctrl-C stops everything.",
             f"pool: {pool_at}   cluster stream: {cluster_at}",
             "watch it from another terminal:",
-            f"  .venv/bin/grpcurl -plaintext -d '{{}}' {cluster_at} "
-            "capwatch.v1.ClusterHealthService/Watch",
-            f"""  .venv/bin/grpcurl -plaintext -d '{{"node_name": "{node}"}}' {pool_at} """
-            "capwatch.v1.NodeHealthService/Watch",
+            f"  .venv/bin/capwatch watch --cluster --target {cluster_at}",
+            f"  .venv/bin/capwatch watch --target {pool_at} --node {node}",
             "",
         ]:
             self._screen.note(((line, ""),))

@@ -28,6 +28,9 @@ DEFAULT_TARGET = f"unix://{DEFAULT_SOCKET}"
 _UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-]{0,127}")
 
 
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
 @dataclass(frozen=True, kw_only=True)
 class WatchSettings:
     target: str
@@ -45,12 +48,19 @@ class WatchSettings:
     uuids: tuple[str, ...]
     cluster: bool = False  # a controller's ClusterHealthService, not an agent's stream
     instance: str = ""  # the server instance --since belongs to ("": the one serving)
+    node: str = ""  # the node the agent must serve, or a pool's node to follow ("": any)
     log_level: str = "WARNING"  # the client's own log (reconnects: INFO)
     log_format: LogFormat = LogFormat.TEXT
 
     @property
     def tls(self) -> bool:
         return self.tls_ca is not None or self.tls_cert is not None
+
+
+def _node(flag: str, text: str) -> str:
+    if text and (len(text) > 253 or not _NODE_NAME.fullmatch(text)):
+        raise ConfigError(flag, f"not a valid Kubernetes node name: {text!r}")
+    return text
 
 
 def _target(flag: str, text: str) -> str:
@@ -222,6 +232,14 @@ _OPTIONS = (
         "interval; the controller's 10 s with --cluster)",
     ),
     Option(
+        flag="--node",
+        env="CAPWATCH_WATCH_NODE",
+        default="",
+        convert=_node,
+        help="the node to follow: a pool's node (capwatch pool), or the node the agent "
+        "must be serving (it refuses another)",
+    ),
+    Option(
         flag="--count",
         env="CAPWATCH_WATCH_COUNT",
         default="",
@@ -262,6 +280,7 @@ def watch_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         count=values["count"],
         cluster=values["cluster"],
         instance=values["instance"],
+        node=values["node"],
         indexes=tuple(g for g in gpus if isinstance(g, int)),
         uuids=tuple(g for g in gpus if isinstance(g, str)),
         log_level=values["log_level"],
@@ -291,6 +310,7 @@ def watch_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
             ("--instance", bool(settings.instance)),
             ("--heartbeat", settings.heartbeat_s is not None),
             ("--gpu", bool(gpus)),
+            ("--node", bool(settings.node)),
         ):
             if used:
                 raise ConfigError(flag, "applies to the capwatch.v1 stream, not to --dra")
@@ -300,7 +320,7 @@ def watch_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
 
 
 def _check_cluster(settings: WatchSettings, *, dra: bool, gpus: bool) -> None:
-    for flag, used in (("--dra", dra), ("--gpu", gpus)):
+    for flag, used in (("--dra", dra), ("--gpu", gpus), ("--node", bool(settings.node))):
         if used:
             raise ConfigError(flag, "applies to a node agent's stream, not to --cluster")
     if settings.target == DEFAULT_TARGET:
@@ -314,6 +334,7 @@ def client_for(settings: WatchSettings) -> NodeHealthClient:
     """A client for ``settings``' target, TLS and filter. Raises ConfigError."""
     return NodeHealthClient(
         **_connection(settings),
+        node_name=settings.node,
         heartbeat_interval=settings.heartbeat_s,
         indexes=settings.indexes,
         uuids=settings.uuids,

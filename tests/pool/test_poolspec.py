@@ -122,11 +122,14 @@ def test_faults_in_different_places_hit_different_nodes() -> None:
     assert both == pytest.approx(0.09, abs=0.02)
 
 
-def test_node_names_are_numbered_with_a_fixed_width() -> None:
-    """Names sort as numbers do (zero-padded to the widest), from the first index."""
+def test_node_names_are_unpadded_so_several_pools_name_one_cluster() -> None:
+    """Names are the prefix and the plain number, from the first index: two pools of a
+    cluster (0-99 and 100-199) name their nodes exactly as one pool of 200 would."""
     assert node_names(3, prefix="n-") == ("n-0", "n-1", "n-2")
-    assert node_names(12, prefix="n-")[::11] == ("n-00", "n-11")
-    assert node_names(3, prefix="n-", first=98) == ("n-098", "n-099", "n-100")
+    assert node_names(3, prefix="n-", first=98) == ("n-98", "n-99", "n-100")
+    assert node_names(100, prefix="n-") + node_names(100, prefix="n-", first=100) == node_names(
+        200, prefix="n-"
+    )
 
 
 def test_a_node_scenario_is_busy_capped_and_the_same_for_the_same_name() -> None:

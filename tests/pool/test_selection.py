@@ -4,8 +4,10 @@ node's streams end while every other node's go on."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import io
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,8 @@ from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
 from server.nodes import NODE_METADATA_KEY, ManyNodes, NodeState
 from server.pool import node_state, pool_server_settings, served_nodes
 from server.serving import AgentServer
+from server.watch import watch
+from server.watch_settings import add_watch_arguments, watch_settings
 from tests.server.harness import next_event
 
 NONE: frozenset[PoolFaultKind] = frozenset()
@@ -325,3 +329,29 @@ async def test_a_hung_node_keeps_its_stream_with_heartbeats_going_stale(
 def test_how_a_faulty_node_is_served(kinds: frozenset[PoolFaultKind], state: NodeState) -> None:
     """Only silent and vanish change how a node is served; vanish wins over silent."""
     assert node_state(kinds) is state
+
+
+@pytest.mark.asyncio
+async def test_capwatch_watch_follows_a_pool_node_named_with_node(served: PoolServer) -> None:
+    """``capwatch watch --node NAME`` follows that node of a pool (its snapshot names it);
+    without --node the pool refuses the stream, and watch exits 1 saying why."""
+
+    def parsed(*argv: str) -> Any:
+        parser = argparse.ArgumentParser()
+        add_watch_arguments(parser)
+        return watch_settings(parser.parse_args(list(argv)), {})
+
+    target = served.server.addresses[0]
+    name = served.names[1]
+    out, err = io.StringIO(), io.StringIO()
+    async with asyncio.timeout(10):
+        rc = await watch(
+            parsed("--target", target, "--node", name, "--json", "--count", "1"), out=out, err=err
+        )
+    assert rc == 0
+    assert f'"node_name": "{name}"' in out.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    async with asyncio.timeout(10):
+        rc = await watch(parsed("--target", target, "--json", "--count", "1"), out=out, err=err)
+    assert rc == 1
+    assert "INVALID_ARGUMENT" in err.getvalue()
