@@ -16,11 +16,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from server.broadcast import Broadcast
-
 from agent.clock import Clock
 from controller import mapping
 from controller.tracking import NodeState
+from server.broadcast import Broadcast
 from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 
 DEFAULT_CAPACITY = 4096  # updates kept for resuming subscribers

@@ -25,9 +25,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from server.broadcast import Signal
 
 from controller.cluster import ClusterView
+from server.broadcast import Signal
 from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from server.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
 from server.serving import OPTIONS, ServeError
