@@ -15,9 +15,10 @@ What is written where:
 What the Node carries comes from the node watch (so a new leader starts from
 the API's truth, not from nothing) and from this writer's own successful
 writes. Writes go through a queue keyed by node (a node queued twice is
-written once, with its latest state) served by a few workers; a failed write
-is retried with exponential backoff (and the server's Retry-After), a node
-that no longer exists is dropped.
+written once, with its latest state; a node being written is not queued again
+until its write ends, so two writes of it never race) served by a few workers;
+a failed write is retried with exponential backoff (and the server's
+Retry-After), a node that no longer exists is dropped.
 
 Fencing: no write starts unless the :class:`Fence` says this replica leads
 and renewed its lease within the renew deadline, and its request may take no
@@ -116,6 +117,7 @@ class ConditionWriter:
         self._attempts: dict[str, int] = {}
         self._retries: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._writing: set[str] = set()  # nodes whose write is in flight
         self._stopping = False
         self.writes_in_flight = 0
 
@@ -192,7 +194,11 @@ class ConditionWriter:
         return written is not None and now_wall - written.last_heartbeat_wall >= self._heartbeat_s
 
     def _enqueue(self, node: str) -> None:
+        # A node being written is not queued again: two writes of one node in parallel
+        # could land in either order. Its write checks for a newer state when it ends.
         if self._stopping or node in self._queued or node in self._retries:
+            return
+        if node in self._writing:
             return
         self._queued.add(node)
         self._queue.put_nowait(node)
@@ -243,30 +249,36 @@ class ConditionWriter:
             last_heartbeat_wall=now_wall,
         )
         self.writes_in_flight += 1
+        self._writing.add(node)
         try:
-            await self._api.patch_condition(
-                node, payload, deadline_s=min(REQUEST_TIMEOUT_S, budget)
-            )
-        except NotFound:
-            log.info("node=%s is gone; not writing its condition", node)
-            self._observer.written(result="not_found", latency_s=None)
-            self._desired.pop(node, None)
-            return
-        except ApiError as exc:
-            log.warning("condition write failed node=%s status=%s error=%s", node, exc.status, exc)
-            self._observer.written(result="failed", latency_s=None)
-            self._retry_later(node, exc.retry_after)
-            return
+            try:
+                await self._api.patch_condition(
+                    node, payload, deadline_s=min(REQUEST_TIMEOUT_S, budget)
+                )
+            except NotFound:
+                log.info("node=%s is gone; not writing its condition", node)
+                self._observer.written(result="not_found", latency_s=None)
+                self._desired.pop(node, None)
+                return
+            except ApiError as exc:
+                log.warning(
+                    "condition write failed node=%s status=%s error=%s", node, exc.status, exc
+                )
+                self._observer.written(result="failed", latency_s=None)
+                self._retry_later(node, exc.retry_after)
+                return
+            finally:
+                self.writes_in_flight -= 1
+            self._attempts.pop(node, None)
+            self._written[node] = payload
+            latency = None
+            if changed and state.cycle_end_at is not None:
+                latency = max(0.0, self._clock.monotonic() - state.cycle_end_at)
+            self._observer.written(result="ok", latency_s=latency)
+            if changed:
+                await self._events.transition(node, condition, previous=previous)
         finally:
-            self.writes_in_flight -= 1
-        self._attempts.pop(node, None)
-        self._written[node] = payload
-        latency = None
-        if changed and state.cycle_end_at is not None:
-            latency = max(0.0, self._clock.monotonic() - state.cycle_end_at)
-        self._observer.written(result="ok", latency_s=latency)
-        if changed:
-            await self._events.transition(node, condition, previous=previous)
+            self._writing.discard(node)
         # The state may have moved on while the write was in flight.
         if self._needs_write(node):
             self._enqueue(node)
