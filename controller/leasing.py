@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -221,7 +222,9 @@ class LeaseElector:
 
     async def _try_once(self, started: float, deadline_s: float) -> bool:
         now = micro_time(self._clock.wall())
-        duration = int(self.config.lease_s)
+        # Whole seconds on the record, rounded up: others wait at least as long as this
+        # replica's renew deadline assumes (rounding 1.5 down to 1 would leave no margin).
+        duration = math.ceil(self.config.lease_s)
         mine = LeaseRecord(
             holder=self.identity, lease_duration_s=duration, acquire_time=now, renew_time=now
         )

@@ -1,0 +1,108 @@
+"""Failover between two real ``capwatch controller`` processes on one shard.
+
+Lease timings are scaled down (lease 1.5 s, renew deadline 1 s, retry 0.2 s, so a
+standby polls every 0.2-0.44 s). After every test the fake API server's write log
+is checked: no Node status write ever came from a replica that did not hold the
+Lease, or from one whose last successful renewal (server time) was older than the
+renew deadline.
+
+Takeover bound, from the instant the leader stops renewing (killed, cut off):
+the standby observes the last renewal within one jittered retry (0.44 s), waits
+the record's leaseDurationSeconds (2 s: 1.5 rounded up) from then, and tries
+again within another retry: 2.88 s, plus :data:`MARGIN_S` for a loaded 2-core
+machine (request latency, process scheduling).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import pytest
+
+from tests.controller.e2e.processes import Process, wait_until
+from tests.controller.e2e.support import (
+    LEASE,
+    LEASE_S,
+    NAMESPACE,
+    RETRY_S,
+    Cluster,
+    fencing_violations,
+    free_port,
+    sample,
+    scrape,
+    user_agent,
+)
+
+pytestmark = pytest.mark.slow
+
+JITTERED_RETRY_S = RETRY_S * 2.2  # client-go's jitter factor 1.2
+RECORDED_LEASE_S = math.ceil(LEASE_S)
+TAKEOVER_BOUND_S = JITTERED_RETRY_S + RECORDED_LEASE_S + JITTERED_RETRY_S
+MARGIN_S = 2.0
+
+
+def _pair(cluster: Cluster) -> tuple[Process, Process, dict[str, int]]:
+    """gpu-a's agent serving; two controllers started together: (leader, standby, their
+    metrics ports by identity), the standby following gpu-a's stream (hot)."""
+    cluster.gpu_node("gpu-a")
+    cluster.agent("gpu-a", 1)
+    cluster.pod("gpu-a", 1)
+    cluster.agents["gpu-a"].wait_log(r"grpc serving addresses=")
+    ports = {"ctl-a": free_port(), "ctl-b": free_port()}
+    started = {name: cluster.controller(name, metrics_port=port) for name, port in ports.items()}
+    leader = wait_until(cluster.holder, timeout=30, what="a controller to take the Lease")
+    standby = "ctl-b" if leader == "ctl-a" else "ctl-a"
+    cluster.wait_condition("gpu-a", "True", "CapsEnforced")
+    wait_until(
+        lambda: (
+            sample(scrape(ports[standby]), "capwatch_controller_streams", state="connected") == 1
+        ),
+        timeout=30,
+        what=f"{standby} following gpu-a",
+    )
+    return started[leader], started[standby], ports
+
+
+def _identity(process: Process) -> str:
+    return process.name.removeprefix("controller-")
+
+
+def _last_renewal(cluster: Cluster, identity: str, *, before: float) -> float:
+    return max(
+        w.at
+        for w in cluster.fake.lease_writes(NAMESPACE, LEASE)
+        if w.holder == identity and w.at <= before
+    )
+
+
+def test_a_killed_leader_is_replaced_within_the_lease(cluster: Cluster) -> None:
+    """SIGKILL of the leader: the standby takes the Lease once the record's
+    leaseDurationSeconds (the 1.5 s asked for, rounded up, never down) has passed since
+    the leader's last renewal, and within the takeover bound of the kill; it then writes
+    what changed meanwhile (gpu-a's agent, killed just after the leader, reads
+    AgentUnreachable, written by the new leader). The Lease counts one transition."""
+    leader, standby, _ = _pair(cluster)
+    lease = cluster.fake.lease(NAMESPACE, LEASE)
+    assert lease is not None
+    recorded = lease["spec"]["leaseDurationSeconds"]
+    assert recorded >= LEASE_S, f"the Lease says {recorded}s, shorter than the {LEASE_S}s asked"
+
+    killed = leader.signal(signal.SIGKILL)
+    cluster.agents["gpu-a"].popen.kill()
+    cluster.wait_leader(_identity(standby), timeout=TAKEOVER_BOUND_S + MARGIN_S + 5)
+    taken = cluster.acquired_at(_identity(standby), after=killed)
+    last = _last_renewal(cluster, _identity(leader), before=killed)
+    print(f"killed leader: taken over {taken - killed:.2f}s after the kill")
+    assert taken - last >= recorded, "the standby took over before the lease ran out"
+    assert taken - killed <= TAKEOVER_BOUND_S + MARGIN_S
+
+    cluster.wait_condition("gpu-a", "Unknown", "AgentUnreachable")
+    assert cluster.write_log("gpu-a")[-1] == (
+        user_agent(_identity(standby)),
+        ("Unknown", "AgentUnreachable"),
+    )
+    lease = cluster.fake.lease(NAMESPACE, LEASE)
+    assert lease is not None
+    assert lease["spec"]["leaseTransitions"] == 1
+    assert fencing_violations(cluster.fake) == []
