@@ -180,6 +180,8 @@ class LeaseElector:
             await asyncio.sleep(self.config.retry_s)
             # Retry within the renew deadline; give up leadership when it passes.
             while not await self._try():
+                if not self._leading:  # someone else holds it now
+                    return
                 if self.write_budget() <= 0:
                     log.warning(
                         "lost lease=%s: no renewal within %gs",
@@ -187,8 +189,6 @@ class LeaseElector:
                         self.config.renew_deadline_s,
                     )
                     self._step_down()
-                    return
-                if not self._leading:  # someone else holds it now
                     return
                 await asyncio.sleep(min(self.config.retry_s, self.write_budget()))
 

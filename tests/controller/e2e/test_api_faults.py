@@ -8,14 +8,88 @@ failure it answers), so only lower bounds are asserted.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import kubernetes.client
 import pytest
 
+from tests.controller.e2e.processes import Process, wait_until
 from tests.controller.e2e.support import (
+    LEASE,
+    NAMESPACE,
     Cluster,
+    fencing_violations,
+    free_port,
     history,
+    sample,
+    scrape,
 )
+from tests.kube.rawapi import call, client_for
 
 pytestmark = pytest.mark.slow
+
+
+def _running(cluster: Cluster, metrics_port: int = 0) -> Process:
+    """gpu-a's agent serving, with its pod; controller c1 leading and gpu-a True."""
+    cluster.gpu_node("gpu-a")
+    cluster.agent("gpu-a", 1)
+    cluster.pod("gpu-a", 1)
+    cluster.agents["gpu-a"].wait_log(r"grpc serving addresses=")
+    controller = cluster.controller("c1", metrics_port=metrics_port)
+    cluster.wait_leader("c1")
+    cluster.wait_condition("gpu-a", "True", "CapsEnforced")
+    return controller
+
+
+@pytest.fixture
+def rogue(cluster: Cluster) -> Iterator[kubernetes.client.ApiClient]:
+    """A client of the fake API server that is not a capwatch controller."""
+    client = client_for(cluster.fake, user_agent="another-controller")
+    yield client
+    client.close()
+
+
+def test_a_lease_taken_behind_the_leaders_back_ends_its_writing(
+    cluster: Cluster, rogue: kubernetes.client.ApiClient
+) -> None:
+    """Another replica writes itself into the Lease while the leader's renewal is in
+    flight: the renewal, conditional on the resourceVersion it read, is refused 409; the
+    leader reads the Lease, sees it held and valid, steps down at once (not at its renew
+    deadline) and holds back the change that follows (gpu-a's agent killed), counting it
+    fenced."""
+    port = free_port()
+    controller = _running(cluster, metrics_port=port)
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{LEASE}"
+    puts = len([r for r in cluster.fake.requests("lease") if r.method == "PUT"])
+    cluster.fake.hang_next("lease", 0.25, method="PUT")
+    wait_until(
+        lambda: len([r for r in cluster.fake.requests("lease") if r.method == "PUT"]) > puts,
+        what="the leader's renewal to arrive",
+    )
+    current = call(rogue, "GET", path)
+    body = current.body
+    body["spec"] = {**body["spec"], "holderIdentity": "ctl-x", "leaseDurationSeconds": 60}
+    assert call(rogue, "PUT", path, body=body).status == 200
+
+    controller.wait_log(rf"lease={LEASE} changed under this attempt \(409\)", timeout=10)
+    controller.wait_log(rf"lease={LEASE} taken over by ctl-x", timeout=10)
+    assert "no renewal within" not in controller.log
+    assert sample(scrape(port), "capwatch_controller_leader", shard="0") == 0
+    fenced = sample(scrape(port), "capwatch_controller_condition_writes_total", result="fenced")
+
+    cluster.agents["gpu-a"].popen.kill()
+    wait_until(
+        lambda: (
+            (
+                sample(scrape(port), "capwatch_controller_condition_writes_total", result="fenced")
+                or 0
+            )
+            > (fenced or 0)
+        ),
+        what="the change to be held back",
+    )
+    assert cluster.writes("gpu-a") == [("True", "CapsEnforced")]
+    assert fencing_violations(cluster.fake) == []
 
 
 def test_a_slow_write_is_not_sent_again_while_it_is_in_flight(cluster: Cluster) -> None:
