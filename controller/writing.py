@@ -18,7 +18,8 @@ writes. Writes go through a queue keyed by node (a node queued twice is
 written once, with its latest state; a node being written is not queued again
 until its write ends, so two writes of it never race) served by a few workers;
 a failed write is retried with exponential backoff (and the server's
-Retry-After), a node that no longer exists is dropped.
+Retry-After), a node that no longer exists is dropped. Stopping waits for the
+writes in flight: a request abandoned by its caller would still land.
 
 Fencing: no write starts unless the :class:`Fence` says this replica leads
 and renewed its lease within the renew deadline, and its request may take no
@@ -117,6 +118,7 @@ class ConditionWriter:
         self._attempts: dict[str, int] = {}
         self._retries: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._in_flight: set[asyncio.Task[None]] = set()
         self._writing: set[str] = set()  # nodes whose write is in flight
         self._stopping = False
         self.writes_in_flight = 0
@@ -181,6 +183,9 @@ class ConditionWriter:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        # A cancelled request would still run to its end on its thread, and could land
+        # after the Lease is released: each write in hand finishes (or times out) first.
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
 
     def _needs_write(self, node: str) -> bool:
         state = self._desired.get(node)
@@ -218,8 +223,12 @@ class ConditionWriter:
         while True:
             node = await self._queue.get()
             self._queued.discard(node)
+            # Its own task, shielded: stopping the worker does not abandon the write.
+            write = asyncio.create_task(self._write(node), name=f"capwatch-write-{node}")
+            self._in_flight.add(write)
+            write.add_done_callback(self._in_flight.discard)
             try:
-                await self._write(node)
+                await asyncio.shield(write)
             except Exception:  # one node's surprise must not stop the worker
                 log.exception("writing the condition of node=%s failed unexpectedly", node)
                 self._retry_later(node, None)

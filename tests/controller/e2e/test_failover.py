@@ -29,6 +29,7 @@ from tests.controller.e2e.support import (
     Cluster,
     fencing_violations,
     free_port,
+    history,
     sample,
     scrape,
     user_agent,
@@ -105,4 +106,40 @@ def test_a_killed_leader_is_replaced_within_the_lease(cluster: Cluster) -> None:
     lease = cluster.fake.lease(NAMESPACE, LEASE)
     assert lease is not None
     assert lease["spec"]["leaseTransitions"] == 1
+    assert fencing_violations(cluster.fake) == []
+
+
+def test_sigterm_finishes_the_write_in_flight_then_releases_the_lease(cluster: Cluster) -> None:
+    """SIGTERM while a condition write is in flight (the API server holds it 0.6 s): the
+    leader lets it land, only then clears the Lease's holder, and exits 0; the standby
+    takes over at its next retry, well before a lease duration, and the write log shows
+    no write after the release from the old leader."""
+    leader, standby, _ = _pair(cluster)
+    old, new = _identity(leader), _identity(standby)
+    cluster.fake.hang_next("node_status", 0.6)
+    before = cluster.fake.count("node_status")
+    cluster.agents["gpu-a"].popen.kill()
+    wait_until(lambda: cluster.fake.count("node_status") > before, what="the write to arrive")
+    leader.signal(signal.SIGTERM)
+    assert leader.wait(timeout=20) == 0, leader.log[-2000:]
+
+    releases = [
+        w
+        for w in cluster.fake.lease_writes(NAMESPACE, LEASE)
+        if w.holder == "" and old in w.user_agent
+    ]
+    assert len(releases) == 1, leader.log[-2000:]
+    released = releases[0].at
+    writes = [w.at for w in cluster.fake.node_status_writes() if old in w.user_agent]
+    assert cluster.writes("gpu-a") == [
+        ("True", "CapsEnforced"),
+        ("Unknown", "AgentUnreachable"),
+    ], history(cluster.fake)
+    assert max(writes) < released, "a write of the old leader landed after its release"
+
+    cluster.wait_leader(new, timeout=10)
+    taken = cluster.acquired_at(new, after=released)
+    print(f"released: taken over {taken - released:.2f}s after the release")
+    assert taken - released <= JITTERED_RETRY_S + MARGIN_S
+    assert taken - released < RECORDED_LEASE_S
     assert fencing_violations(cluster.fake) == []
