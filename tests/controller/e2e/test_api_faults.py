@@ -8,6 +8,7 @@ failure it answers), so only lower bounds are asserted.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import kubernetes.client
@@ -24,6 +25,7 @@ from tests.controller.e2e.support import (
     sample,
     scrape,
 )
+from tests.fakes.kube_apiserver import RequestKind
 from tests.kube.rawapi import call, client_for
 
 pytestmark = pytest.mark.slow
@@ -39,6 +41,108 @@ def _running(cluster: Cluster, metrics_port: int = 0) -> Process:
     cluster.wait_leader("c1")
     cluster.wait_condition("gpu-a", "True", "CapsEnforced")
     return controller
+
+
+def _arrivals(cluster: Cluster, kind: RequestKind, *, after: int = 0) -> list[float]:
+    return [r.at for r in cluster.fake.requests(kind)][after:]
+
+
+def _gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def test_refused_condition_writes_are_retried_with_backoff(cluster: Cluster) -> None:
+    """A condition PATCH answered 429 with Retry-After: 2 is retried no sooner than 2 s
+    later; one answered 500 three times is retried after growing, jittered delays (at
+    least 0.25, 0.5 and 1 s); both land, each with one Event, and the metrics count the
+    failed attempts. The controller never stops."""
+    port = free_port()
+    controller = _running(cluster, metrics_port=port)
+    before = cluster.fake.count("node_status")
+
+    cluster.fake.fail_next("node_status", 429, retry_after=2)
+    cluster.agents["gpu-a"].popen.kill()
+    cluster.wait_condition("gpu-a", "Unknown", "AgentUnreachable")
+    throttled = _arrivals(cluster, "node_status", after=before)
+    assert len(throttled) == 2
+    assert _gaps(throttled)[0] >= 2.0, "Retry-After was not honoured"
+
+    cluster.fake.fail_next("node_status", 500, count=3)
+    cluster.fake.delete_pod(NAMESPACE, "capwatch-agent-gpu-a")
+    cluster.wait_condition("gpu-a", "Unknown", "AgentMissing")
+    failing = _arrivals(cluster, "node_status", after=before + 2)
+    assert len(failing) == 4
+    gaps = _gaps(failing)
+    assert all(gap >= 0.25 * 2**i for i, gap in enumerate(gaps)), gaps
+
+    assert cluster.writes("gpu-a") == [
+        ("True", "CapsEnforced"),
+        ("Unknown", "AgentUnreachable"),
+        ("Unknown", "AgentMissing"),
+    ]
+    cluster.wait_events("gpu-a", [("Warning", "AgentUnreachable"), ("Warning", "AgentMissing")])
+    found = wait_until(
+        lambda: (
+            (s := scrape(port))
+            and sample(s, "capwatch_controller_condition_writes_total", result="ok") == 3
+            and s
+        ),
+        what="the last write to be counted",
+    )
+    assert sample(found, "capwatch_controller_condition_writes_total", result="failed") == 4
+    assert controller.popen.poll() is None
+    assert fencing_violations(cluster.fake) == []
+
+
+def test_failing_expiring_and_dropped_watches_are_survived(cluster: Cluster) -> None:
+    """The node and pod watches answered 429 (Retry-After: 2, honoured), 500, then 410
+    (each informer relists, and the relists rewrite no Node: nothing changed), then
+    dropped while a pod is deleted and history compacted (the watch comes back to a 410,
+    the relist finds the pod gone: AgentMissing). The controller stays up, its streams
+    unaffected, and every write is the leader's, fenced."""
+    controller = _running(cluster)
+    writes = len(cluster.fake.node_status_writes())
+    node_watches = cluster.fake.count("node_watch")
+    cluster.fake.fail_next("node_watch", 429, retry_after=2)
+    cluster.fake.fail_next("watch", 500)
+    cluster.fake.end_watches()
+    wait_until(
+        lambda: (
+            cluster.fake.open_watch_count("node_watch") == 1
+            and cluster.fake.count("node_watch") >= node_watches + 2
+        ),
+        what="the node watch to come back after its 429",
+    )
+    throttled = _arrivals(cluster, "node_watch", after=node_watches)
+    assert _gaps(throttled)[0] >= 2.0, "Retry-After was not honoured on the node watch"
+    wait_until(lambda: cluster.fake.open_watch_count("watch") == 1, what="the pod watch back")
+
+    node_lists, pod_lists = cluster.fake.count("node_list"), cluster.fake.count("list")
+    cluster.fake.fail_next("node_watch", 410)
+    cluster.fake.fail_next("watch", 410, in_stream=True)
+    cluster.fake.end_watches()
+    wait_until(
+        lambda: (
+            cluster.fake.count("node_list") > node_lists
+            and cluster.fake.count("list") > pod_lists
+            and cluster.fake.open_watches == 2
+        ),
+        what="both informers to relist and watch again",
+    )
+    assert cluster.agents["gpu-a"].popen.poll() is None
+    assert len(cluster.fake.node_status_writes()) == writes, history(cluster.fake)
+
+    pod_lists = cluster.fake.count("list")
+    with cluster.fake.atomic():
+        cluster.fake.drop_watches()
+        cluster.fake.delete_pod(NAMESPACE, "capwatch-agent-gpu-a")
+        cluster.fake.compact()
+    cluster.wait_condition("gpu-a", "Unknown", "AgentMissing")
+    assert cluster.fake.count("list") > pod_lists, "the deletion was seen without a relist"
+    assert "watch expired, relisting what='capwatch agent pods'" in controller.log
+    assert cluster.writes("gpu-a") == [("True", "CapsEnforced"), ("Unknown", "AgentMissing")]
+    assert controller.popen.poll() is None
+    assert fencing_violations(cluster.fake) == []
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import signal
+import time
 
 import pytest
 
@@ -25,6 +26,7 @@ from tests.controller.e2e.support import (
     LEASE,
     LEASE_S,
     NAMESPACE,
+    RENEW_S,
     RETRY_S,
     Cluster,
     fencing_violations,
@@ -106,6 +108,93 @@ def test_a_killed_leader_is_replaced_within_the_lease(cluster: Cluster) -> None:
     lease = cluster.fake.lease(NAMESPACE, LEASE)
     assert lease is not None
     assert lease["spec"]["leaseTransitions"] == 1
+    assert fencing_violations(cluster.fake) == []
+
+
+@pytest.mark.parametrize("mode", ["partition", "refused"])
+def test_a_leader_cut_off_from_the_api_server_is_replaced_and_stays_fenced(
+    cluster: Cluster, mode: str
+) -> None:
+    """The leader cut off from the API server (a partition: its requests hang and never
+    land; or refused: each one answered 503) stops leading at its renew deadline, the
+    standby takes over within the takeover bound and writes what changed meanwhile; once
+    the old leader reaches the API server again it stays a follower and writes nothing,
+    though it saw the same changes (and one more after the restore)."""
+    leader, standby, ports = _pair(cluster)
+    old, new = _identity(leader), _identity(standby)
+    cut = time.monotonic()
+    if mode == "partition":
+        cluster.fake.cut_off(user_agent(old), hang_s=60)
+    else:
+        cluster.fake.cut_off(user_agent(old), status=503)
+    cluster.agents["gpu-a"].popen.kill()
+
+    cluster.wait_leader(new, timeout=TAKEOVER_BOUND_S + MARGIN_S + 5)
+    taken = cluster.acquired_at(new, after=cut)
+    print(f"{mode}: taken over {taken - cut:.2f}s after the cut-off")
+    assert taken - cut <= TAKEOVER_BOUND_S + MARGIN_S
+    leader.wait_log(rf"lost lease={LEASE}: no renewal within 1s", timeout=10)
+    cluster.wait_condition("gpu-a", "Unknown", "AgentUnreachable")
+
+    cluster.fake.restore()
+    restored = time.monotonic()
+    wait_until(
+        lambda: any(
+            r.at > restored and not r.cut_off
+            for r in cluster.fake.requests("lease")
+            if r.user_agent == user_agent(old)
+        ),
+        what=f"{old} to read the Lease again",
+    )
+    cluster.fake.delete_pod(NAMESPACE, "capwatch-agent-gpu-a")
+    cluster.wait_condition("gpu-a", "Unknown", "AgentMissing")
+
+    def old_leader_follows() -> bool:
+        found = scrape(ports[old])
+        return (
+            sample(found, "capwatch_controller_streams", state="missing") == 1
+            and sample(found, "capwatch_controller_leader", shard="0") == 0
+        )
+
+    wait_until(old_leader_follows, what=f"{old} to see the pod go, as a follower")
+    assert cluster.holder() == new
+    assert [ua for ua, _ in cluster.write_log()] == [
+        user_agent(old),
+        user_agent(new),
+        user_agent(new),
+    ], cluster.write_log()
+    assert all(w.at < cut for w in cluster.fake.node_status_writes() if old in w.user_agent)
+    assert fencing_violations(cluster.fake) == []
+
+
+def test_a_leader_that_cannot_renew_stops_writing_though_writes_still_work(
+    cluster: Cluster,
+) -> None:
+    """Every Lease update refused (503) while the API server still takes Node writes:
+    the leader stops writing at its renew deadline, so a change after that (gpu-a's
+    agent killed) is written by nobody while no replica holds a fresh Lease; once Lease
+    updates work again a replica takes the Lease and writes it."""
+    leader, _, _ = _pair(cluster)
+    cluster.fake.fail_next("lease", 503, count=100_000, method="PUT")
+    last = _last_renewal(cluster, _identity(leader), before=time.monotonic())
+    # Past the renew deadline of the last renewal that landed (server time), whatever
+    # the leader itself believes: from here on it must not write.
+    wait_until(lambda: time.monotonic() > last + RENEW_S + 0.3, what="the renew deadline")
+    cluster.agents["gpu-a"].popen.kill()
+    # Both replicas have now tried to take the Lease (the standby once it expired).
+    wait_until(
+        lambda: (
+            {r.user_agent for r in cluster.fake.requests("lease") if r.method == "PUT"}
+            >= {user_agent("ctl-a"), user_agent("ctl-b")}
+        ),
+        timeout=TAKEOVER_BOUND_S + MARGIN_S + 5,
+        what="both replicas to try to update the Lease",
+    )
+    assert cluster.writes("gpu-a") == [("True", "CapsEnforced")], history(cluster.fake)
+    assert f"lost lease={LEASE}: no renewal within 1s" in leader.log
+
+    cluster.fake.clear_faults()
+    cluster.wait_condition("gpu-a", "Unknown", "AgentUnreachable")
     assert fencing_violations(cluster.fake) == []
 
 
