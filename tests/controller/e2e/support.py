@@ -153,6 +153,14 @@ class Cluster:
         self.agents[node] = process
         return process
 
+    def wait_cycled(self, node: str) -> Process:
+        """Wait until ``node``'s agent serves and has completed its first cycle (a stream
+        opened before that reads AgentStarting)."""
+        agent = self.agents[node]
+        agent.wait_log(r"grpc serving addresses=")
+        agent.wait_log(r"cycle seq=1 ")
+        return agent
+
     def pod(self, node: str, n: int) -> str:
         """Create the agent pod of ``node``, with podIP loopback address ``n``; its name."""
         name = f"capwatch-agent-{node}"

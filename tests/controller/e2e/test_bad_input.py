@@ -25,7 +25,7 @@ def test_an_unreachable_agent_reads_unreachable_until_it_answers(cluster: Cluste
     cluster.agent("gpu-a", 1)
     cluster.pod("gpu-a", 1)
     cluster.pod("gpu-u", 2)
-    cluster.agents["gpu-a"].wait_log(r"grpc serving addresses=")
+    cluster.wait_cycled("gpu-a")
     controller = cluster.controller("c1")
     cluster.wait_leader("c1")
 
@@ -63,7 +63,7 @@ def test_agents_whose_tls_cannot_be_trusted_read_unreachable(cluster: Cluster) -
     agent = cluster.agent(
         "gpu-t", 1, extra=("--grpc-tls-cert", str(cert), "--grpc-tls-key", str(key))
     )
-    agent.wait_log(r"grpc serving addresses=")
+    cluster.wait_cycled("gpu-t")
     target = {"gpu-t": cluster.loopback.address(1)}
     name = ("--agent-tls-server-name", "agent.capwatch.test")
     failing = {

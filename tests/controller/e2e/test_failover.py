@@ -51,7 +51,7 @@ def _pair(cluster: Cluster) -> tuple[Process, Process, dict[str, int]]:
     cluster.gpu_node("gpu-a")
     cluster.agent("gpu-a", 1)
     cluster.pod("gpu-a", 1)
-    cluster.agents["gpu-a"].wait_log(r"grpc serving addresses=")
+    cluster.wait_cycled("gpu-a")
     ports = {"ctl-a": free_port(), "ctl-b": free_port()}
     started = {name: cluster.controller(name, metrics_port=port) for name, port in ports.items()}
     leader = wait_until(cluster.holder, timeout=30, what="a controller to take the Lease")

@@ -48,15 +48,17 @@ def test_metrics_show_transitions_writes_events_and_the_failover(cluster: Cluste
     After the leader is killed the standby reads leader 1 and one lease transition, and
     counts the write it held back while it did not lead as fenced, then written. Both
     expositions pass promtool."""
-    cluster.gpu_node("gpu-a")
+    # gpu-a is followed for its agent pod; the controllers run before its agent starts,
+    # so they follow it before its failing cycles (7 s in) however slow the machine.
+    cluster.fake.add_node("gpu-a")
     cluster.gpu_node("gpu-d")
-    cluster.agent("gpu-a", 1, fail_cycles=(14, 15))
-    cluster.pod("gpu-a", 1)
-    cluster.agents["gpu-a"].wait_log(r"grpc serving addresses=")
     leader_port, standby_port = free_port(), free_port()
     leader = cluster.controller("c1", metrics_port=leader_port)
     cluster.wait_leader("c1")
     cluster.controller("c2", metrics_port=standby_port)
+    cluster.agent("gpu-a", 1, fail_cycles=(14, 15))
+    cluster.wait_cycled("gpu-a")
+    cluster.pod("gpu-a", 1)
     cluster.wait_condition("gpu-a", "True", "CapsEnforced")
     cluster.wait_condition("gpu-a", "False", "CapWriteFailed")
     cluster.wait_condition("gpu-a", "True", "CapsEnforced")

@@ -19,7 +19,7 @@ def _start(cluster: Cluster, *agents: tuple[str, int]) -> Process:
     agent once it is up (an agent still starting would read AgentUnreachable first)."""
     for node, n in agents:
         cluster.pod(node, n)
-        cluster.agents[node].wait_log(r"grpc serving addresses=")
+        cluster.wait_cycled(node)
     controller = cluster.controller("c1")
     cluster.wait_leader("c1")
     return controller
@@ -30,10 +30,16 @@ def test_a_cap_write_failure_reads_false_then_true_again(cluster: Cluster) -> No
     condition False with reason CapWriteFailed and a message naming that GPU (one
     Warning Event), and its recovery turns it True again (one Normal Event); the first
     True has no Event. Only transitions are written (three PATCHes over ~25 cycles), the
-    kubelet's Ready condition is left alone, lastTransitionTime moves with the status."""
-    cluster.gpu_node("gpu-a")
+    kubelet's Ready condition is left alone, lastTransitionTime moves with the status.
+    (The node is followed for its agent pod, not by a GPU label, and the controller is
+    up before the agent starts: the failing cycles, 7 s into the agent's life, come
+    after the controller follows it however slowly a loaded machine starts processes.)"""
+    cluster.fake.add_node("gpu-a")
+    cluster.controller("c1")
+    cluster.wait_leader("c1")
     cluster.agent("gpu-a", 1, fail_cycles=(14, 16))
-    _start(cluster, ("gpu-a", 1))
+    cluster.wait_cycled("gpu-a")
+    cluster.pod("gpu-a", 1)
 
     first = cluster.wait_condition("gpu-a", "True", "CapsEnforced")
     assert first["message"] == "power caps enforced; 1 of 2 GPUs capped"
@@ -137,7 +143,7 @@ def test_a_start_that_lists_nodes_before_agent_pods_writes_no_transient_missing(
     cluster.gpu_node("gpu-a")
     cluster.agent("gpu-a", 1)
     cluster.pod("gpu-a", 1)
-    cluster.agents["gpu-a"].wait_log(r"grpc serving addresses=")
+    cluster.wait_cycled("gpu-a")
     cluster.fake.hang_next_lists(3.0)
     controller = cluster.controller("c1")
     cluster.wait_leader("c1")
@@ -184,7 +190,7 @@ def test_an_unchanged_condition_is_rewritten_only_as_a_heartbeat(cluster: Cluste
     cluster.gpu_node("gpu-a")
     cluster.agent("gpu-a", 1)
     cluster.pod("gpu-a", 1)
-    cluster.agents["gpu-a"].wait_log(r"grpc serving addresses=")
+    cluster.wait_cycled("gpu-a")
     cluster.controller("c1", "--condition-heartbeat", "1")
     first = cluster.wait_condition("gpu-a", "True", "CapsEnforced")
     wait_until(lambda: len(cluster.writes("gpu-a")) >= 3, what="two heartbeats")
