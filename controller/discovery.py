@@ -9,7 +9,8 @@
 - **GPU nodes**, by list+watch of the nodes matching ``--gpu-node-selector``: a
   GPU node with no agent pod reads ``AgentMissing``. The same watch tells the
   writer what condition each Node carries now, so a new leader starts from the
-  API's truth.
+  API's truth. Nodes are told only once the agent pods have been listed: before
+  that a node's agent is not missing, just not known yet.
 - **A static targets file** (``--targets``), for running outside a cluster and
   for benchmarks: one ``NODE ADDRESS`` pair per line, ``#`` starts a comment.
   It is read once, at start; a malformed file is a configuration error naming
@@ -22,6 +23,7 @@ event loop (``call_soon_threadsafe``) and applied there to a :class:`DiscoverySi
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import re
@@ -176,6 +178,9 @@ class KubernetesDiscovery:
         self._pods: dict[str, _AgentPod] = {}  # by pod uid
         self._targets: dict[str, str] = {}  # node -> address, as last told to the sink
         self._gpu_nodes: set[str] = set()
+        # Node changes that came before the first pod list, applied after it.
+        self._pods_listed = pods is None
+        self._held_nodes: list[Callable[[], None]] = []
 
     def start(self, sink: DiscoverySink) -> None:
         loop = asyncio.get_running_loop()
@@ -183,7 +188,9 @@ class KubernetesDiscovery:
         nodes = Informer(
             what="GPU nodes",
             requests=self._nodes_requests,
-            store=_LoopStore(loop, self._replace_nodes, self._apply_node),
+            store=_LoopStore(
+                loop, self._after_pods(self._replace_nodes), self._after_pods(self._apply_node)
+            ),
             clock=self._clock,
             policy=self._policy,
         )
@@ -222,6 +229,11 @@ class KubernetesDiscovery:
             if pod is not None:
                 self._pods[uid] = pod
         self._publish_targets()
+        if not self._pods_listed:
+            self._pods_listed = True
+            held, self._held_nodes = self._held_nodes, []
+            for change in held:
+                change()
 
     def _apply_pod(self, kind: str, obj: Mapping[str, Any]) -> None:
         uid, pod = agent_pod(obj, port=self._port)
@@ -246,6 +258,17 @@ class KubernetesDiscovery:
         self._targets = targets
 
     # --- GPU nodes (on the loop) ---------------------------------------------------------
+
+    def _after_pods(self, apply: Callable[..., None]) -> Callable[..., None]:
+        """``apply`` now if the agent pods have been listed, else once they have."""
+
+        def call(*args: Any) -> None:
+            if self._pods_listed:
+                apply(*args)
+            else:
+                self._held_nodes.append(functools.partial(apply, *args))
+
+        return call
 
     def _replace_nodes(self, objects: list[Mapping[str, Any]]) -> None:
         assert self._sink is not None

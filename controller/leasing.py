@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -179,6 +180,8 @@ class LeaseElector:
             await asyncio.sleep(self.config.retry_s)
             # Retry within the renew deadline; give up leadership when it passes.
             while not await self._try():
+                if not self._leading:  # someone else holds it now
+                    return
                 if self.write_budget() <= 0:
                     log.warning(
                         "lost lease=%s: no renewal within %gs",
@@ -186,8 +189,6 @@ class LeaseElector:
                         self.config.renew_deadline_s,
                     )
                     self._step_down()
-                    return
-                if not self._leading:  # someone else holds it now
                     return
                 await asyncio.sleep(min(self.config.retry_s, self.write_budget()))
 
@@ -221,7 +222,9 @@ class LeaseElector:
 
     async def _try_once(self, started: float, deadline_s: float) -> bool:
         now = micro_time(self._clock.wall())
-        duration = int(self.config.lease_s)
+        # Whole seconds on the record, rounded up: others wait at least as long as this
+        # replica's renew deadline assumes (rounding 1.5 down to 1 would leave no margin).
+        duration = math.ceil(self.config.lease_s)
         mine = LeaseRecord(
             holder=self.identity, lease_duration_s=duration, acquire_time=now, renew_time=now
         )

@@ -1,0 +1,86 @@
+"""``capwatch controller cleanup`` (the chart's pre-delete hook) against the fake API
+server: the condition goes from every Node that carries it, and nothing else does."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.controller.e2e.processes import CAPWATCH, ROOT
+from tests.controller.e2e.support import CONDITION, NAMESPACE, Cluster
+
+pytestmark = pytest.mark.slow
+
+READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready"}
+OTHER = {"type": "FrequentKubeletRestart", "status": "False", "reason": "NoRestart"}
+
+
+def _ours(status: str) -> dict[str, Any]:
+    return {
+        "type": CONDITION,
+        "status": status,
+        "reason": "CapsEnforced" if status == "True" else "AgentMissing",
+        "message": "written by capwatch",
+        "lastTransitionTime": "2025-03-01T10:00:00Z",
+        "lastHeartbeatTime": "2025-03-01T10:00:00Z",
+    }
+
+
+def _cleanup(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            *CAPWATCH,
+            *("controller", "cleanup", "--kubeconfig", str(cluster.kubeconfig)),
+            *("--namespace", NAMESPACE, "--identity", "cleanup"),
+        ],
+        cwd=ROOT,
+        env=cluster.processes.environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _types(cluster: Cluster, node: str) -> list[str]:
+    found = cluster.fake.node(node)
+    assert found is not None
+    return [c["type"] for c in found["status"]["conditions"]]
+
+
+def test_cleanup_removes_the_condition_and_only_it(cluster: Cluster) -> None:
+    """Every Node carrying GPUPowerCapEnforced loses it, whether it is still a GPU node
+    or no longer carries the GPU label; the other conditions stay, in order; a Node
+    without it is not written at all. A node whose removal fails (500) makes the run
+    exit 1 naming it, after the others were cleaned; a second run finishes the job."""
+    cluster.gpu_node("gpu-1", conditions=[READY, _ours("True"), OTHER])
+    cluster.gpu_node("gpu-2", conditions=[READY])
+    cluster.fake.add_node("was-gpu", conditions=[_ours("Unknown"), READY])
+    cluster.gpu_node("gpu-3", conditions=[_ours("Unknown")])
+    cluster.fake.fail_next("node_status", 500)
+
+    first = _cleanup(cluster)
+    assert first.returncode == 1, first.stdout + first.stderr
+    lines = first.stdout.splitlines()
+    assert lines[0] == f"removed {CONDITION} from 2 of 4 nodes", lines
+    (failure,) = lines[1:]
+    assert failure.startswith("capwatch controller cleanup: "), failure
+    failed = failure.split()[3].rstrip(":")
+    assert failed in {"gpu-1", "was-gpu", "gpu-3"}, failure
+    assert "HTTP 500" in failure
+
+    second = _cleanup(cluster)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.stdout.splitlines() == [f"removed {CONDITION} from 1 of 4 nodes"]
+
+    assert _types(cluster, "gpu-1") == ["Ready", "FrequentKubeletRestart"]
+    assert _types(cluster, "gpu-2") == ["Ready"]
+    assert _types(cluster, "was-gpu") == ["Ready"]
+    assert _types(cluster, "gpu-3") == []
+    written = [w.node for w in cluster.fake.node_status_writes()]
+    assert sorted(written) == ["gpu-1", "gpu-3", "was-gpu"], written
+    for write in cluster.fake.node_status_writes():
+        assert write.patch == {"status": {"conditions": [{"type": CONDITION, "$patch": "delete"}]}}
+        assert write.user_agent == "capwatch-controller/cleanup"
