@@ -83,6 +83,12 @@ def read_options(
     return values
 
 
+def is_digits(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes superscripts and other scripts'
+    digits, which ``int`` refuses (or reads) where a flag must be plain."""
+    return text.isascii() and text.isdigit()
+
+
 def positive_float(flag: str, text: str) -> float:
     try:
         value = float(text)

@@ -21,6 +21,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from agent.flags import is_digits
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _POLL_S = 0.5
 
@@ -49,7 +51,7 @@ def _watch(parent: int) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) < 2 or not argv[0].isdigit():
+    if len(argv) < 2 or not is_digits(argv[0]):
         sys.exit("usage: python -m capwatch.child PARENT_PID CAPWATCH_ARG...")
     die_with_parent(int(argv[0]))
     from capwatch.cli import main as capwatch  # noqa: PLC0415 - only once the guard is set

@@ -84,7 +84,7 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         add_agent_arguments(parser)
         add_server_arguments(parser)
     elif command == "demo":
-        from server.demo import add_demo_arguments
+        from server.demo_settings import add_demo_arguments
 
         add_demo_arguments(parser)
     elif command == "watch":
@@ -180,7 +180,8 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         command = pool_command(args, environ)
         configure_logging(command.log_level, command.log_format)
         return asyncio.run(run_pool(command))
-    from server.demo import demo_settings, run_demo
+    from server.demo import run_demo
+    from server.demo_settings import demo_settings
 
     demo = demo_settings(args, environ)
     if demo.cluster:

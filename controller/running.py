@@ -361,7 +361,7 @@ class _Running:
             task.add_done_callback(self._supervise)
         settings = controller.settings
         log.info(
-            "controller started shard=%d/%d identity=%s dry_run=%s",
+            "controller started shard=%d shards=%d identity=%s dry_run=%s",
             settings.shard_index,
             settings.shards,
             settings.identity,

@@ -31,7 +31,7 @@ from controller.cluster import PAGE_SIZE, ClusterView
 from server.broadcast import Signal
 from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from server.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
-from server.serving import OPTIONS, ServeError
+from server.serving import OPTIONS, ServeError, address_in_use
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,9 @@ class ClusterServer:
 
     async def start(self) -> None:
         """Bind and serve. Raises ServeError when the address cannot be bound."""
+        busy = address_in_use(self._listen)  # before grpc, which logs its own raw line
+        if busy:
+            raise ServeError(f"--grpc-listen: cannot listen on {self._listen}: {busy}")
         try:
             port = self._server.add_insecure_port(self._listen)
         except RuntimeError as exc:

@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import ConfigError
-from agent.flags import Option, add_options, boolean, optional_path, positive_float, read_options
+from agent.flags import (
+    Option,
+    add_options,
+    boolean,
+    is_digits,
+    optional_path,
+    positive_float,
+    read_options,
+)
 from agent.settings import LOG_FORMAT_OPTION, LogFormat, log_level_option
 from controller.discovery import parse_targets
 from controller.leasing import LeaseConfig
@@ -80,7 +88,7 @@ def _selector(flag: str, text: str) -> str:
 
 
 def _count(flag: str, text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= MAX_SHARDS:
+    if not is_digits(text) or not 1 <= int(text) <= MAX_SHARDS:
         raise ConfigError(flag, f"must be an integer from 1 to {MAX_SHARDS}, got {text!r}")
     return int(text)
 
@@ -88,7 +96,7 @@ def _count(flag: str, text: str) -> int:
 def _index(flag: str, text: str) -> int | None:
     if text == "":
         return None
-    if not text.isdigit():
+    if not is_digits(text):
         raise ConfigError(flag, f"must be a non-negative integer, got {text!r}")
     return int(text)
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from server.cluster_client import ClusterHealthClient
 from server.cluster_table import NodeBoard
-from server.demo import DemoError, DemoSettings
+from server.demo_settings import DemoError, DemoSettings
 from server.events import ClusterEvent, ClusterSnapshot, Disconnected, NodeUpdate
 from server.logs import configure_logging
 from server.screen import Screen, log_stream, screen_for

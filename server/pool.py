@@ -33,7 +33,14 @@ from typing import TextIO
 
 from agent.clock import Clock, SystemClock
 from agent.errors import ConfigError
-from agent.flags import Option, add_options, optional_path, positive_float, read_options
+from agent.flags import (
+    Option,
+    add_options,
+    is_digits,
+    optional_path,
+    positive_float,
+    read_options,
+)
 from agent.pool import Pool, PoolNode, PoolSettings
 from agent.poolspec import PoolFaultKind, node_names, parse_fault
 from agent.reports import CycleReport
@@ -67,8 +74,7 @@ class PoolCommand:
 
 def _count(limit: int) -> Callable[[str, str], int]:
     def convert(flag: str, text: str) -> int:
-        # ASCII only: str.isdigit() also takes superscripts, which int() refuses.
-        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= limit:
+        if not is_digits(text) or not 1 <= int(text) <= limit:
             raise ConfigError(flag, f"must be an integer from 1 to {limit}, got {text!r}")
         return int(text)
 
@@ -76,7 +82,7 @@ def _count(limit: int) -> Callable[[str, str], int]:
 
 
 def _index(flag: str, text: str) -> int:
-    if not (text.isascii() and text.isdigit()):
+    if not is_digits(text):
         raise ConfigError(flag, f"must be a non-negative integer, got {text!r}")
     return int(text)
 

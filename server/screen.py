@@ -19,6 +19,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from agent.flags import is_digits
 from server.tables import QUIET, Frame, Line, plain
 
 
@@ -149,4 +150,4 @@ def _text(line: Line, *, wrap: bool = False) -> Text:
 
 def _columns(environ: Mapping[str, str]) -> int | None:
     raw = environ.get("COLUMNS", "")
-    return int(raw) if raw.isdigit() and int(raw) >= 20 else None
+    return int(raw) if is_digits(raw) and int(raw) >= 20 else None

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from agent.errors import CapwatchError
+from agent.flags import is_digits
 from server import watching
 from server.certificates import CertificateError, ReloadingCertificates, Reloads
 from server.dra import DraV1alpha1Servicer, DraV1Servicer
@@ -239,7 +240,7 @@ class AgentServer:
             group = self._settings.socket_group
             try:
                 # A numeric group need not exist in the image's /etc/group.
-                shutil.chown(path, group=int(group) if group.isdigit() else group)
+                shutil.chown(path, group=int(group) if is_digits(group) else group)
             except (LookupError, OSError) as exc:
                 raise ServeError(
                     f"cannot give {path} to group {self._settings.socket_group}: {exc}"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import ConfigError
-from agent.flags import Option, add_options, optional_path, read_options
+from agent.flags import Option, add_options, is_digits, optional_path, read_options
 
 DEFAULT_SOCKET = Path("/run/capwatch/agent.sock")
 DEFAULT_LISTEN = (f"unix://{DEFAULT_SOCKET}", "0.0.0.0:50051")
@@ -120,13 +120,13 @@ def _pool_name(flag: str, text: str) -> str | None:
 
 
 def _subscribers(flag: str, text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= MAX_SUBSCRIBERS:
+    if not is_digits(text) or not 1 <= int(text) <= MAX_SUBSCRIBERS:
         raise ConfigError(flag, f"must be an integer from 1 to {MAX_SUBSCRIBERS}, got {text!r}")
     return int(text)
 
 
 def _reserved(flag: str, text: str) -> int:
-    if not text.isdigit() or int(text) >= MAX_SUBSCRIBERS:
+    if not is_digits(text) or int(text) >= MAX_SUBSCRIBERS:
         raise ConfigError(flag, f"must be an integer from 0 to {MAX_SUBSCRIBERS - 1}, got {text!r}")
     return int(text)
 
@@ -143,13 +143,13 @@ def _grace(flag: str, text: str) -> float:
 
 def listen_port(flag: str, text: str) -> int:
     """A TCP port from 1 to 65535."""
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not is_digits(text) or not 1 <= int(text) <= 65535:
         raise ConfigError(flag, f"must be a port from 1 to 65535, got {text!r}")
     return int(text)
 
 
 def _metrics_port(flag: str, text: str) -> int | None:
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
+    if not is_digits(text) or not 0 <= int(text) <= 65535:
         raise ConfigError(flag, f"must be a port from 0 (metrics off) to 65535, got {text!r}")
     return int(text) or None
 

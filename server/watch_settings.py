@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ConfigError
-from agent.flags import Option, add_options, enum_choice, optional_path, read_options
+from agent.flags import Option, add_options, enum_choice, is_digits, optional_path, read_options
 from agent.settings import LOG_FORMAT_OPTION, LogFormat, log_level_option
 from server.client import DraVersion, NodeHealthClient
 from server.cluster_client import ClusterHealthClient
@@ -77,13 +77,13 @@ def _target(flag: str, text: str) -> str:
 def _count(flag: str, text: str) -> int | None:
     if not text:
         return None
-    if not text.isdigit() or int(text) < 1:
+    if not is_digits(text) or int(text) < 1:
         raise ConfigError(flag, f"must be a positive integer, got {text!r}")
     return int(text)
 
 
 def _since(flag: str, text: str) -> int:
-    if not text.isdigit():
+    if not is_digits(text):
         raise ConfigError(flag, f"must be a cycle sequence number (0 or more), got {text!r}")
     return int(text)
 
@@ -109,7 +109,7 @@ def _instance(flag: str, text: str) -> str:
 
 
 def _gpu(flag: str, text: str) -> int | str:
-    if text.isdigit():
+    if is_digits(text):
         return int(text)
     if not _UUID.fullmatch(text):
         raise ConfigError(flag, f"expected a GPU index or UUID, got {text!r}")

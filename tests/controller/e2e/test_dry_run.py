@@ -77,7 +77,7 @@ def test_a_dry_run_prints_each_patch_and_event_as_one_line(cluster: Cluster) -> 
     (unreachable,) = lines_with(dry.output, ["PATCH nodes/gpu-b/status"])
     address = cluster.loopback.address(2)
     assert f'message="the capwatch agent at {address} is unreachable: ' in unreachable
-    assert "controller started shard=0/1" in dry.log
+    assert "controller started shard=0 shards=1" in dry.log
     dry.signal(signal.SIGTERM)
     assert dry.wait() == 0
 
