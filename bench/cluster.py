@@ -35,29 +35,32 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent.poolspec import node_names
+from bench.cluster_procs import (
+    PREFIX,
+    Run,
+    api_writes,
+    connected,
+    cpu_seconds,
+    kubeconfig,
+    rss_mib,
+    start_api,
+    start_controllers,
+    start_pools,
+)
 from controller.sharding import shard_of
 from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from server.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
 
-PREFIX = "sim-node-"
-GPU_LABEL = "nvidia.com/gpu.present=true"
-CAPWATCH = (sys.executable, "-m", "capwatch.cli")
 SUBSCRIBERS = 10
 _STATUS = {
     cpb.CONDITION_STATUS_TRUE: "True",
@@ -66,183 +69,11 @@ _STATUS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-@dataclass
-class Controller:
-    shard: int
-    proc: subprocess.Popen[bytes]
-    grpc_port: int
-    metrics_port: int
-    log: Path
-
-
-@dataclass
-class Run:
-    args: argparse.Namespace
-    work: Path
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    api: subprocess.Popen[str] | None = None
-    controllers: list[Controller] = field(default_factory=list)
-    transitions: list[Path] = field(default_factory=list)
-
-    def stop(self) -> None:
-        for proc in [c.proc for c in self.controllers] + self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in [c.proc for c in self.controllers] + self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-            if proc.poll() is None:
-                proc.kill()
-        if self.api is not None and self.api.poll() is None:
-            assert self.api.stdin is not None
-            with contextlib.suppress(BrokenPipeError):
-                self.api.stdin.write("quit\n")
-                self.api.stdin.flush()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.api.wait(10)
-
-
-def start_api(run: Run) -> str:
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    run.api = subprocess.Popen(
-        [sys.executable, "bench/apiserver_proc.py", str(run.args.nodes), PREFIX, GPU_LABEL],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert run.api.stdout is not None
-    line = run.api.stdout.readline().split()
-    if line[:1] != ["url"]:
-        raise SystemExit("the fake API server did not start")
-    return line[1]
-
-
-def api_writes(run: Run) -> list[dict[str, object]]:
-    assert run.api is not None
-    assert run.api.stdin is not None
-    assert run.api.stdout is not None
-    path = run.work / "writes.jsonl"
-    run.api.stdin.write(f"writes {path}\n")
-    run.api.stdin.flush()
-    assert run.api.stdout.readline().strip() == "ok"
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def start_pools(run: Run) -> list[Path]:
-    a = run.args
-    per = -(-a.nodes // a.pools)
-    fault = f"write_failed:{a.fail_fraction}@{a.fail_at}+{a.fail_for}"
-    targets = []
-    for k in range(a.pools):
-        first, count = k * per, min(per, a.nodes - k * per)
-        if count <= 0:
-            break
-        out, trans = run.work / f"targets-{k}.txt", run.work / f"transitions-{k}.jsonl"
-        log = (run.work / f"pool-{k}.log").open("wb")
-        run.procs.append(
-            subprocess.Popen(
-                [
-                    *CAPWATCH,
-                    "pool",
-                    "--nodes", str(count),
-                    "--first-index", str(first),
-                    "--name-prefix", PREFIX,
-                    "--gpus", str(a.gpus),
-                    "--interval", str(a.interval),
-                    "--grpc-listen", f"127.0.0.1:{free_port()}",
-                    "--targets-out", str(out),
-                    "--transitions-out", str(trans),
-                    "--fault", fault,
-                    "--log-level", "warning",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )  # fmt: skip
-        targets.append(out)
-        run.transitions.append(trans)
-    return targets
-
-
-def kubeconfig(url: str, path: Path) -> None:
-    path.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
-        f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
-        "users: [{name: fake, user: {}}]\n"
-        "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
-    )
-
-
-def start_controllers(run: Run, targets: Path, config: Path) -> None:
-    a = run.args
-    for shard in range(a.shards):
-        grpc_port, metrics_port = free_port(), free_port()
-        log = run.work / f"controller-{shard}.log"
-        proc = subprocess.Popen(
-            [
-                *CAPWATCH,
-                "controller",
-                "--targets", str(targets),
-                "--namespace", "bench",
-                "--kubeconfig", str(config),
-                "--gpu-node-selector", GPU_LABEL,
-                "--shards", str(a.shards),
-                "--shard-index", str(shard),
-                "--identity", f"bench-controller-{shard}",
-                "--condition-heartbeat", str(a.heartbeat),
-                "--grpc-listen", f"127.0.0.1:{grpc_port}",
-                "--metrics-port", str(metrics_port),
-                "--probe-port", "0",
-                "--log-level", "warning",
-            ],
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        run.controllers.append(Controller(shard, proc, grpc_port, metrics_port, log))
-
-
-def connected(controller: Controller) -> int:
-    try:
-        found = scrape(controller.metrics_port)
-    except OSError:
-        return 0
-    return int(found.get(("capwatch_controller_streams", (("state", "connected"),)), 0))
 
 
 async def subscribe(

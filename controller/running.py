@@ -22,7 +22,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import grpc
 
@@ -48,6 +48,9 @@ from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from server.metrics import package_version
 from server.readyz import Answer, ReadyzServer
 from server.serving import ServeError
+
+if TYPE_CHECKING:  # the Kubernetes client loads only without --dry-run
+    from controller.kube import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +170,6 @@ def build_controller(
     """Assemble the controller; nothing runs yet. Raises ConfigError (bad kubeconfig)."""
     clock = clock or SystemClock()
     tracker = NodeTracker(clock=clock)
-    followers = Followers(tracker=tracker, clients=_client_factory(settings))
-    cluster = ClusterView(clock=clock)
     holder: dict[str, LeaseElector] = {}
     metrics = ControllerMetrics(
         states=tracker.states,
@@ -179,32 +180,54 @@ def build_controller(
         version=package_version(),
     )
     closers: list[Callable[[], None]] = []
+    api: PrintingApi | KubeApi
+    fence: Unfenced | LeaseElector
+    discovery: StaticDiscovery | KubernetesDiscovery
+    elector = None
     if settings.dry_run:
-        printing = PrintingApi(out or sys.stdout)
-        fence: Unfenced | LeaseElector = Unfenced()
-        events = EventRecorder(api=printing, fence=fence, clock=clock, observer=metrics)
-        writer = ConditionWriter(
-            api=printing,
-            events=events,
-            fence=fence,
+        assert settings.targets is not None  # settings validation guarantees it
+        api, fence = PrintingApi(out or sys.stdout), Unfenced()
+        discovery = StaticDiscovery(settings.targets)
+    else:
+        api, discovery = _kubernetes(settings, clock, closers)
+        fence = elector = holder["elector"] = LeaseElector(
+            api=api,
+            name=settings.lease_name,
+            identity=settings.identity,
             clock=clock,
-            heartbeat_s=settings.condition_heartbeat_s,
+            config=settings.lease,
             observer=metrics,
         )
-        assert settings.targets is not None  # settings validation guarantees it
-        return _wired(
-            Controller(
-                settings=settings,
-                clock=clock,
-                tracker=tracker,
-                followers=followers,
-                writer=writer,
-                metrics=metrics,
-                discovery=StaticDiscovery(settings.targets),
-                elector=None,
-                cluster=cluster,
-            )
+    writer = ConditionWriter(
+        api=api,
+        events=EventRecorder(api=api, fence=fence, clock=clock, observer=metrics),
+        fence=fence,
+        clock=clock,
+        heartbeat_s=settings.condition_heartbeat_s,
+        observer=metrics,
+    )
+    if elector is not None:
+        elector.on_started = writer.resume
+    return _wired(
+        Controller(
+            settings=settings,
+            clock=clock,
+            tracker=tracker,
+            followers=Followers(tracker=tracker, clients=_client_factory(settings)),
+            writer=writer,
+            metrics=metrics,
+            discovery=discovery,
+            elector=elector,
+            cluster=ClusterView(clock=clock),
+            closers=closers,
         )
+    )
+
+
+def _kubernetes(
+    settings: ControllerSettings, clock: Clock, closers: list[Callable[[], None]]
+) -> tuple[KubeApi, KubernetesDiscovery]:
+    """The API client and the discovery that reads through it."""
     from controller.kube import CollectionRequests, KubeApi, api_client  # noqa: PLC0415
 
     assert settings.namespace is not None  # settings validation guarantees it
@@ -214,28 +237,6 @@ def build_controller(
     )
     kube = KubeApi(client, namespace=settings.namespace, identity=settings.identity)
     closers.append(kube.close)
-    elector = LeaseElector(
-        api=kube,
-        name=settings.lease_name,
-        identity=settings.identity,
-        clock=clock,
-        config=settings.lease,
-        observer=metrics,
-    )
-    holder["elector"] = elector
-    events = EventRecorder(api=kube, fence=elector, clock=clock, observer=metrics)
-    writer = ConditionWriter(
-        api=kube,
-        events=events,
-        fence=elector,
-        clock=clock,
-        heartbeat_s=settings.condition_heartbeat_s,
-        observer=metrics,
-    )
-    elector.on_started = writer.resume
-    nodes = CollectionRequests(
-        client, path="/api/v1/nodes", label_selector=settings.gpu_node_selector
-    )
     pods = None
     if settings.targets is None:
         pods = CollectionRequests(
@@ -245,26 +246,15 @@ def build_controller(
         )
     discovery = KubernetesDiscovery(
         pods=pods,
-        nodes=nodes,
+        nodes=CollectionRequests(
+            client, path="/api/v1/nodes", label_selector=settings.gpu_node_selector
+        ),
         static_targets=settings.targets,
         agent_port=settings.agent_port,
         policy=DISCOVERY_POLICY,
         clock=clock,
     )
-    return _wired(
-        Controller(
-            settings=settings,
-            clock=clock,
-            tracker=tracker,
-            followers=followers,
-            writer=writer,
-            metrics=metrics,
-            discovery=discovery,
-            elector=elector,
-            cluster=cluster,
-            closers=closers,
-        )
-    )
+    return kube, discovery
 
 
 def _wired(controller: Controller) -> Controller:

@@ -31,3 +31,15 @@ def rendered(helm: Helm) -> dict[str, Manifests]:
 def default(rendered: dict[str, Manifests]) -> Manifests:
     """The chart rendered with its default values."""
     return rendered["default"]
+
+
+@pytest.fixture(scope="module")
+def enabled(helm: Helm) -> Manifests:
+    """The chart with the controller on and every other value at its default."""
+    return helm.render("--set", "controller.enabled=true")
+
+
+@pytest.fixture(scope="module")
+def tls(rendered: dict[str, Manifests]) -> Manifests:
+    """The ci/ variant: two shards of two replicas, agents on mutual TLS, monitoring on."""
+    return rendered["controller-tls"]
