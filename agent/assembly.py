@@ -31,7 +31,8 @@ from agent.running import AgentLoop, CycleThread
 from agent.scenario import Scenario, default_scenario, load_scenario
 from agent.settings import AgentSettings, BackendKind
 from agent.simlimits import PersistentLimits
-from agent.simulation import SimGpuBackend, SimPodView, SimWorld
+from agent.simulation import SimWorld
+from agent.simviews import SimGpuBackend, SimPodView
 
 log = logging.getLogger(__name__)
 

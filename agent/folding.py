@@ -11,6 +11,7 @@ import logging
 
 from agent.clock import Clock
 from agent.reports import AbortReason, CycleFailure, CycleFailureKind, CycleReport, GpuResult
+from agent.telemetry import DeviceEvent
 
 log = logging.getLogger("agent.reconciling")
 
@@ -27,6 +28,7 @@ class CycleBuilder:
         self._failures: list[CycleFailure] = []
         self._unsaved_cycles = 0
         self._save_failures = 0
+        self.events: tuple[DeviceEvent, ...] = ()
         self.abort_reason: AbortReason | None = None
         self.interrupted = False  # a shutdown short-circuited the cycle
 
@@ -54,6 +56,7 @@ class CycleBuilder:
             interrupted=self.interrupted,
             unsaved_cycles=self._unsaved_cycles,
             save_failures=self._save_failures,
+            events=self.events,
         )
 
 

@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Protocol
 
 from agent.errors import CapwatchError
+from agent.telemetry import DeviceEvent, Readings
 
 
 class GpuErrorClass(str, Enum):
@@ -113,6 +114,16 @@ class GpuBackend(Protocol):
         """Write the device's default limit back, bound to ``uuid``."""
         ...
 
+    def readings(self, index: int) -> Readings:
+        """This cycle's reads of the device at ``index`` (power, throttling, ECC, row
+        remapping). Never raises: a read that is not supported or failed is ``None``
+        in the result (see :class:`~agent.telemetry.Readings`)."""
+        ...
+
+    def drain_events(self) -> tuple[DeviceEvent, ...]:
+        """XID and double-bit ECC events since the last drain, aggregated. Never raises."""
+        ...
+
     def close(self) -> None:
-        """Release the library (nvmlShutdown). Idempotent."""
+        """Release the library (nvmlShutdown), stopping any event thread first. Idempotent."""
         ...

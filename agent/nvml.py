@@ -25,6 +25,7 @@ import pynvml  # noqa: TID251 - the one module allowed to import it
 
 from agent.errors import BackendUnavailable
 from agent.gpus import GpuError, GpuErrorClass, PowerConstraints, WriteOutcome, WriteResult
+from agent.telemetry import NO_READINGS, DeviceEvent, EventAccumulator, Readings, ThrottleReason
 
 _log = logging.getLogger(__name__)
 
@@ -54,6 +55,31 @@ _CLASS_BY_CODE: dict[int, GpuErrorClass] = {
 def classify(code: int) -> GpuErrorClass:
     """The :class:`GpuErrorClass` of an ``nvmlReturn_t`` code; unlisted codes are UNKNOWN."""
     return _CLASS_BY_CODE.get(code, GpuErrorClass.UNKNOWN)
+
+
+_READS = ("power_draw", "enforced_limit", "throttle_reasons", "ecc", "row_remap")
+
+_THROTTLE_BITS: tuple[tuple[int, ThrottleReason], ...] = (
+    (pynvml.nvmlClocksEventReasonGpuIdle, ThrottleReason.GPU_IDLE),
+    (
+        pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
+        ThrottleReason.APPLICATIONS_CLOCKS_SETTING,
+    ),
+    (pynvml.nvmlClocksEventReasonSwPowerCap, ThrottleReason.SW_POWER_CAP),
+    (pynvml.nvmlClocksEventReasonHwSlowdown, ThrottleReason.HW_SLOWDOWN),
+    (pynvml.nvmlClocksEventReasonSyncBoost, ThrottleReason.SYNC_BOOST),
+    (pynvml.nvmlClocksEventReasonSwThermalSlowdown, ThrottleReason.SW_THERMAL_SLOWDOWN),
+    (pynvml.nvmlClocksEventReasonHwThermalSlowdown, ThrottleReason.HW_THERMAL_SLOWDOWN),
+    (pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown, ThrottleReason.HW_POWER_BRAKE_SLOWDOWN),
+    (pynvml.nvmlClocksEventReasonDisplayClockSetting, ThrottleReason.DISPLAY_CLOCK_SETTING),
+)
+
+
+def throttle_reasons(mask: int) -> tuple[ThrottleReason, ...]:
+    """The reasons set in an ``nvmlClocksEventReason*`` bit mask, sorted; unknown bits dropped."""
+    return tuple(
+        sorted((reason for bit, reason in _THROTTLE_BITS if mask & bit), key=lambda r: r.value)
+    )
 
 
 def uuid_text(value: object) -> str:
@@ -93,6 +119,7 @@ class NvmlBackend:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._closed = False
+        self._events = EventAccumulator()
         try:
             pynvml.nvmlInit()
         except Exception as exc:
@@ -145,6 +172,72 @@ class NvmlBackend:
             return tuple(int(info.pid) for info in infos)
 
         return self._read("processes", index, call)
+
+    def readings(self, index: int) -> Readings:
+        if self._is_closed():
+            return NO_READINGS
+        try:
+            handle = self._handle(index)
+        except Exception as exc:  # noqa: BLE001 - becomes "nothing read"
+            error_class, _, _ = _failure(exc)
+            return Readings(failed_reads=_READS, lost=error_class is GpuErrorClass.GPU_IS_LOST)
+        failed: list[str] = []
+        lost = False
+
+        def read(name: str, call: Callable[[], _T]) -> _T | None:
+            nonlocal lost
+            try:
+                return call()
+            except Exception as exc:  # noqa: BLE001 - one read never stops the others
+                error_class, _, _ = _failure(exc)
+                if error_class is not GpuErrorClass.NOT_SUPPORTED:
+                    failed.append(name)
+                    lost |= error_class is GpuErrorClass.GPU_IS_LOST
+                return None
+
+        def remapped() -> tuple[bool, bool]:
+            _corrected, _uncorrected, pending, failure = pynvml.nvmlDeviceGetRemappedRows(handle)
+            return bool(pending), bool(failure)
+
+        draw = read("power_draw", lambda: int(pynvml.nvmlDeviceGetPowerUsage(handle)))
+        enforced = read(
+            "enforced_limit", lambda: int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+        )
+        mask = read(
+            "throttle_reasons", lambda: int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        )
+        ecc = read(
+            "ecc",
+            lambda: int(
+                pynvml.nvmlDeviceGetTotalEccErrors(
+                    handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+                )
+            ),
+        )
+        remap = read("row_remap", remapped)
+        retired = None
+        if remap is None and "row_remap" not in failed:  # older parts: page retirement
+            retired = read(
+                "retired_pages",
+                lambda: (
+                    int(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+                    == pynvml.NVML_FEATURE_ENABLED
+                ),
+            )
+        return Readings(
+            power_draw_milliwatts=draw,
+            enforced_limit_milliwatts=enforced,
+            throttle_reasons=None if mask is None else throttle_reasons(mask),
+            ecc_uncorrected_volatile=ecc,
+            row_remap_pending=None if remap is None else remap[0],
+            row_remap_failure=None if remap is None else remap[1],
+            retired_pages_pending=retired,
+            failed_reads=tuple(failed),
+            lost=lost,
+        )
+
+    def drain_events(self) -> tuple[DeviceEvent, ...]:
+        return self._events.drain()
 
     # -- writes -----------------------------------------------------------
 

@@ -35,7 +35,8 @@ from agent.readiness import stale_after
 from agent.reconciling import Policy, Reconciler
 from agent.reports import CycleReport
 from agent.scenario import FaultOp, FaultSpec
-from agent.simulation import SimGpuBackend, SimPodView, SimWorld
+from agent.simulation import SimWorld
+from agent.simviews import SimGpuBackend, SimPodView
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from agent.attribution import Attributor
 from agent.capping import resolve_cap
 from agent.clock import Clock
 from agent.errors import PodViewError
+from agent.faults import FaultTracker
 from agent.folding import CycleBuilder
 from agent.forgetting import ForgetRequests
 from agent.gpus import GpuBackend, GpuError, WriteOutcome, WriteResult
@@ -51,6 +52,7 @@ from agent.reports import (
     Outcome,
     Reason,
 )
+from agent.telemetry import NO_READINGS
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,7 @@ class Reconciler:
         release_unowned_idle: bool = False,
         listeners: Sequence[CycleListener] = (),
         forget: ForgetRequests | None = None,
+        faults: FaultTracker | None = None,
     ) -> None:
         self._backend = backend
         self._pods = pods
@@ -114,6 +117,7 @@ class Reconciler:
         self._release_unowned_idle = release_unowned_idle
         self._listeners = tuple(listeners)
         self._forget = forget  # operators' requests to forget vanished GPUs
+        self._faults = faults or FaultTracker(wall=clock.wall, monotonic=clock.monotonic)
         # Set by the cycle thread around each write, read by the shutdown sweep
         # (one reference assignment: no lock needed).
         self._in_flight: InFlightWrite | None = None
@@ -170,6 +174,10 @@ class Reconciler:
                 f"device count refresh failed ({exc.error_class.value}); "
                 f"keeping last count {self._device_count}",
             )
+
+        # Drained whatever happens next: an aborted cycle must not let events pile up.
+        cycle.events = self._backend.drain_events()
+        self._faults.take_events(cycle.events)
 
         try:
             snapshot = self._pods.snapshot()
@@ -231,6 +239,22 @@ class Reconciler:
             )
 
     def _reconcile_gpu(self, index: int, snapshot: PodSnapshot, seen: set[str]) -> GpuResult:
+        """The GPU's step, then the device's own health after it."""
+        result = self._step(index, snapshot, seen)
+        # Read after the write: the enforced limit read back shows what took.
+        readings = self._backend.readings(index) if result.uuid is not None else NO_READINGS
+        faults = self._faults.observe(
+            index,
+            uuid=result.uuid,
+            readings=readings,
+            error_class=result.error_class,
+            uuid_failed=result.reason is Reason.UUID_READ_FAILED,
+        )
+        return replace(
+            result, faults=faults, readings=readings if result.uuid is not None else None
+        )
+
+    def _step(self, index: int, snapshot: PodSnapshot, seen: set[str]) -> GpuResult:
         try:
             uuid = self._backend.uuid(index)
         except GpuError as exc:

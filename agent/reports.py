@@ -11,9 +11,11 @@ import functools
 from dataclasses import dataclass
 from enum import Enum
 
+from agent.faults import Fault
 from agent.gpus import GpuErrorClass
 from agent.pods import PodRef
 from agent.readiness import STATE_UNWRITABLE_TOKEN
+from agent.telemetry import DeviceEvent, Readings
 
 
 class Outcome(str, Enum):
@@ -104,6 +106,9 @@ class GpuResult:
     safe_default_cause: SafeDefaultCause | None = None
     clamp: ClampDirection = ClampDirection.NONE
     process_count: int = 0
+    # The device's own state after the step: its active faults, and what it read.
+    faults: tuple[Fault, ...] = ()
+    readings: Readings | None = None  # None: the step could not identify the GPU
 
     def __hash__(self) -> int:
         # Results key the server's per-GPU encoding cache, once per GPU per
@@ -115,6 +120,11 @@ class GpuResult:
     @property
     def failed(self) -> bool:
         return self.outcome is Outcome.FAILED
+
+    @property
+    def healthy(self) -> bool:
+        """Its step succeeded and the device has no active fault (see agent.faults)."""
+        return self.outcome is not Outcome.FAILED and not self.faults
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +145,8 @@ class CycleReport:
     # not saved (0: saved, or nothing to save); and failed saves in this cycle.
     unsaved_cycles: int = 0
     save_failures: int = 0
+    # XID and ECC events drained this cycle, ignored XIDs included (metrics count them).
+    events: tuple[DeviceEvent, ...] = ()
 
     @property
     def duration_s(self) -> float:

@@ -35,16 +35,18 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from agent.errors import ConfigError, PodViewError, ScenarioError
-from agent.gpus import GpuError, GpuErrorClass, PowerConstraints, WriteOutcome, WriteResult
+from agent.errors import ConfigError, ScenarioError
+from agent.gpus import GpuError, GpuErrorClass, WriteOutcome, WriteResult
 from agent.pods import PodSnapshot
 from agent.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text, materialise
 from agent.scenario import FaultOp, FaultSpec, GpuSpec, PodSpec, ProcessSpec, Scenario
+from agent.simdevices import SimDevices
 from agent.simlimits import PersistentLimits
+from agent.telemetry import Readings
 
 log = logging.getLogger(__name__)
 
-_MW_PER_WATT = 1000
+MW_PER_WATT = 1000
 
 
 class WriteKind(str, Enum):
@@ -86,7 +88,7 @@ class SimWorld:
         self._generation = 0  # bumped on every change the pod view can see
         self._persisted = limits
         kept = {} if limits is None else limits.load()
-        self._limits_mw = [kept.get(g.uuid, g.default_watts * _MW_PER_WATT) for g in scenario.gpus]
+        self._limits_mw = [kept.get(g.uuid, g.default_watts * MW_PER_WATT) for g in scenario.gpus]
         self._writes: deque[SimWrite] = deque(maxlen=write_log)
         self._faults: list[FaultSpec] = list(scenario.faults)
         self._pods: list[PodSpec] = list(scenario.pods)
@@ -94,6 +96,7 @@ class SimWorld:
             i: tuple(p for p in scenario.processes if p.gpu == i) for i in range(len(scenario.gpus))
         }
         self._proc_root: Path | None = None
+        self.devices = SimDevices(count=len(scenario.gpus))  # their own health and telemetry
 
     @property
     def scenario(self) -> Scenario:
@@ -275,7 +278,7 @@ class SimWorld:
         gpu = self._gpu(index)
         fault = self._enter(FaultOp.UUID, index, identity_check=identity_check)
         if fault is not None and fault.error is not None:
-            raise _fault_error(fault, self.cycle)
+            raise fault_error(fault, self.cycle)
         if fault is not None and fault.change_to is not None:
             return fault.change_to
         return gpu.uuid
@@ -288,7 +291,7 @@ class SimWorld:
         """One identity-bound write, logged whatever its outcome; None restores the default."""
         cycle = self.cycle
         if milliwatts is None and 0 <= index < len(self._scenario.gpus):
-            milliwatts = self._scenario.gpus[index].default_watts * _MW_PER_WATT
+            milliwatts = self._scenario.gpus[index].default_watts * MW_PER_WATT
         requested = 0 if milliwatts is None else milliwatts
         result = self._attempt(op, index, uuid, requested)
         with self._lock:
@@ -339,6 +342,7 @@ class SimWorld:
         """What NVML would answer: identity re-read, then the write's own faults and range."""
         try:
             gpu = self._gpu(index)
+            check_present(self, index)
             actual = self._current_uuid(index, identity_check=True)
         except GpuError as exc:
             return WriteResult(
@@ -358,7 +362,7 @@ class SimWorld:
                 error_class=fault.error,
                 detail=f"simulated {op.value} fault: {fault.error.value}",
             )
-        low, high = gpu.min_watts * _MW_PER_WATT, gpu.max_watts * _MW_PER_WATT
+        low, high = gpu.min_watts * MW_PER_WATT, gpu.max_watts * MW_PER_WATT
         if not low <= milliwatts <= high:  # NVML answers INVALID_ARGUMENT
             return WriteResult(
                 outcome=WriteOutcome.FAILED,
@@ -366,6 +370,20 @@ class SimWorld:
                 detail=f"{milliwatts} mW is outside [{low}, {high}] mW",
             )
         return WriteResult(outcome=WriteOutcome.OK, applied_milliwatts=milliwatts)
+
+    def readings(self, index: int) -> Readings:
+        """This cycle's device reads of GPU ``index`` (see agent.simdevices)."""
+        gpu = self._gpu(index)
+        busy = bool(self._processes_now(index))
+        with self._lock:
+            limit = self._limits_mw[index]
+        return self.devices.readings(
+            index,
+            limit_mw=limit,
+            default_mw=gpu.default_watts * MW_PER_WATT,
+            max_mw=gpu.max_watts * MW_PER_WATT,
+            busy=busy,
+        )
 
     def _pods_now(self) -> PodSnapshot:
         with self._lock:
@@ -379,7 +397,7 @@ def _proc_spec(process: ProcessSpec) -> ProcSpec:
     )
 
 
-def _fault_error(fault: FaultSpec, cycle: int) -> GpuError:
+def fault_error(fault: FaultSpec, cycle: int) -> GpuError:
     assert fault.error is not None
     where = "" if fault.gpu is None else f" on gpu {fault.gpu}"
     return GpuError(
@@ -388,88 +406,7 @@ def _fault_error(fault: FaultSpec, cycle: int) -> GpuError:
     )
 
 
-class SimGpuBackend:
-    """A :class:`~agent.gpus.GpuBackend` over a :class:`SimWorld` (milliwatts throughout)."""
-
-    def __init__(self, world: SimWorld) -> None:
-        self._world = world
-        self._closed = False
-
-    def _check_open(self) -> None:
-        if self._closed:  # as NVML after nvmlShutdown
-            raise GpuError("simulated backend is closed", error_class=GpuErrorClass.UNINITIALIZED)
-
-    def _read(self, op: FaultOp, index: int | None) -> None:
-        self._check_open()
-        if index is not None:
-            self._world._gpu(index)
-        fault = self._world._enter(op, index)
-        if fault is not None and fault.error is not None:
-            raise _fault_error(fault, self._world.cycle)
-
-    def device_count(self) -> int:
-        self._read(FaultOp.DEVICE_COUNT, None)
-        return len(self._world.scenario.gpus)
-
-    def uuid(self, index: int) -> str:
-        self._check_open()
-        return self._world._current_uuid(index, identity_check=False)
-
-    def constraints(self, index: int) -> PowerConstraints:
-        self._read(FaultOp.CONSTRAINTS, index)
-        gpu = self._world._gpu(index)
-        return PowerConstraints(
-            min_milliwatts=gpu.min_watts * _MW_PER_WATT,
-            max_milliwatts=gpu.max_watts * _MW_PER_WATT,
-            default_milliwatts=gpu.default_watts * _MW_PER_WATT,
-        )
-
-    def processes(self, index: int) -> tuple[int, ...]:
-        self._read(FaultOp.PROCESSES, index)
-        return self._world._processes_now(index)
-
-    def set_limit(self, index: int, *, uuid: str, milliwatts: int) -> WriteResult:
-        if self._closed:
-            return _closed_result()
-        return self._world._write(FaultOp.SET_LIMIT, index, uuid, milliwatts)
-
-    def restore_default(self, index: int, *, uuid: str) -> WriteResult:
-        if self._closed:
-            return _closed_result()
-        return self._world._write(FaultOp.RESTORE, index, uuid, None)
-
-    def close(self) -> None:
-        self._closed = True
-
-
-def _closed_result() -> WriteResult:
-    return WriteResult(
-        outcome=WriteOutcome.IDENTITY_UNCONFIRMED,
-        error_class=GpuErrorClass.UNINITIALIZED,
-        detail="simulated backend is closed",
-    )
-
-
-class SimPodView:
-    """A :class:`~agent.pods.PodView` over a :class:`SimWorld`: the pods of the current cycle.
-
-    A ``pod_view`` error fault raises PodViewError; a hang fault delays the
-    snapshot. ``resource_version`` changes whenever the answer may have.
-    """
-
-    def __init__(self, world: SimWorld) -> None:
-        self._world = world
-        self._closed = False
-
-    def snapshot(self) -> PodSnapshot:
-        if self._closed:
-            raise PodViewError("simulated pod view is closed")
-        fault = self._world._enter(FaultOp.POD_VIEW, None)
-        if fault is not None and fault.error is not None:
-            raise PodViewError(
-                f"simulated pod view fault at cycle {self._world.cycle}: {fault.error.value}"
-            )
-        return self._world._pods_now()
-
-    def close(self) -> None:
-        self._closed = True
+def check_present(world: SimWorld, index: int) -> None:
+    """A lost GPU answers every call as NVML does: "GPU is lost"."""
+    if world.devices.is_lost(index):
+        raise GpuError(f"simulated GPU {index} is lost", error_class=GpuErrorClass.GPU_IS_LOST)

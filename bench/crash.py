@@ -42,7 +42,8 @@ from agent.ownership import LoadStatus, OwnershipStore, read_records
 from agent.reconciling import Policy, Reconciler
 from agent.scenario import parse_scenario
 from agent.simlimits import PersistentLimits
-from agent.simulation import SimGpuBackend, SimPodView, SimWorld
+from agent.simulation import SimWorld
+from agent.simviews import SimGpuBackend, SimPodView
 
 GPUS = 4
 DEFAULT_W = 300

@@ -34,7 +34,8 @@ from agent.ownership import OwnershipStore
 from agent.pods import PodInfo, PodRef, PodView
 from agent.reconciling import Policy, Reconciler
 from agent.scenario import parse_scenario
-from agent.simulation import SimGpuBackend, SimWorld
+from agent.simulation import SimWorld
+from agent.simviews import SimGpuBackend
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.fakes.pods import StaticPodView
 

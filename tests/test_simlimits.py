@@ -11,7 +11,8 @@ from agent.errors import ConfigError
 from agent.gpus import GpuErrorClass, WriteOutcome
 from agent.scenario import parse_scenario
 from agent.simlimits import PersistentLimits
-from agent.simulation import SimGpuBackend, SimWorld
+from agent.simulation import SimWorld
+from agent.simviews import SimGpuBackend
 from capwatch.cli import main
 
 UUIDS = ("GPU-5e5e5e5e-0000-4000-8000-000000000000", "GPU-5e5e5e5e-0000-4000-8000-000000000001")

@@ -22,7 +22,8 @@ from agent.reconciling import Policy, Reconciler
 from agent.reports import Outcome
 from agent.scenario import FaultOp, FaultSpec, PodSpec, Scenario, parse_scenario
 from agent.scenario import default_scenario as builtin_scenario
-from agent.simulation import SimGpuBackend, SimPodView, SimWorld, SimWrite, WriteKind
+from agent.simulation import SimWorld, SimWrite, WriteKind
+from agent.simviews import SimGpuBackend, SimPodView
 
 UID_A = "11111111-2222-4333-8444-555555555555"
 UID_B = "66666666-7777-4888-8999-aaaaaaaaaaaa"

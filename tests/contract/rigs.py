@@ -15,7 +15,8 @@ from agent.gpus import GpuBackend, GpuErrorClass, WriteOutcome
 from agent.proctree import ProcSpec, materialise
 from agent.reconciling import CycleListener
 from agent.scenario import FaultOp, FaultSpec, parse_scenario
-from agent.simulation import SimGpuBackend, SimWorld
+from agent.simulation import SimWorld
+from agent.simviews import SimGpuBackend
 from tests.fakenvml.control import FakeDevice, FakeNvml
 
 GPU_COUNT = 3
