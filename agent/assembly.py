@@ -18,6 +18,7 @@ from agent.attribution import Attributor, FsProcRoot
 from agent.clock import Clock, SystemClock
 from agent.devices import inventory
 from agent.errors import BackendUnavailable, CapwatchError, PodViewError
+from agent.faults import FaultTracker
 from agent.forgetting import ForgetRequests
 from agent.gpus import GpuBackend, GpuError
 from agent.hub import Hub
@@ -108,6 +109,12 @@ def _assemble(
         release_unowned_idle=status is LoadStatus.UNREADABLE,
         listeners=parts.listeners,
         forget=ForgetRequests(settings.state_dir),
+        faults=FaultTracker(
+            policy=settings.xid_policy,
+            recovery_s=settings.fault_recovery_s,
+            wall=clock.wall,
+            monotonic=clock.monotonic,
+        ),
     )
     hub = Hub(
         clock=clock,

@@ -3,7 +3,7 @@
 The hub folds every CycleReport into this table, so a consumer that joins at
 any time sees every GPU, including those the latest cycle did not reach (an
 aborted or interrupted cycle reaches none or some). ``last_transition_wall``
-moves only when a GPU's outcome or reason changes, so consumers can tell a new
+moves only when a GPU's outcome, reason or set of active faults changes, so consumers can tell a new
 failure from a persisting one.
 """
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from enum import Enum
 
 from agent.readiness import Readiness, ReadinessReason
-from agent.reports import CycleReport, GpuResult, Outcome
+from agent.reports import CycleReport, GpuResult
 
 
 class DeviceHealth(str, Enum):
     UNKNOWN = "unknown"  # nothing reported yet, or the agent's reports are stale
-    HEALTHY = "healthy"  # its last step completed
-    UNHEALTHY = "unhealthy"  # its last step failed
+    HEALTHY = "healthy"  # its last step completed and the device has no active fault
+    UNHEALTHY = "unhealthy"  # its last step failed, or the device has a fault (agent.faults)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +59,7 @@ def fold(previous: Mapping[int, DeviceState], report: CycleReport) -> dict[int, 
             or old.result.outcome is not result.outcome
             or old.result.reason is not result.reason
             or old.uuid != result.uuid
+            or _fault_keys(old.result) != _fault_keys(result)
         )
         table[result.index] = DeviceState(
             index=result.index,
@@ -98,6 +99,9 @@ def own_health(state: DeviceState) -> DeviceHealth:
     """The part of :func:`device_health` that is the GPU's own."""
     if state.result is None:
         return DeviceHealth.UNKNOWN
-    if state.result.outcome is Outcome.FAILED:
-        return DeviceHealth.UNHEALTHY
-    return DeviceHealth.HEALTHY
+    return DeviceHealth.HEALTHY if state.result.healthy else DeviceHealth.UNHEALTHY
+
+
+def _fault_keys(result: GpuResult) -> frozenset[tuple[str, int]]:
+    """What a transition is about: which faults, not how often they were seen."""
+    return frozenset((f.kind.value, f.code) for f in result.faults)

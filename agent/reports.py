@@ -114,8 +114,13 @@ class GpuResult:
         # Results key the server's per-GPU encoding cache, once per GPU per
         # cycle. The generated hash covers every field, four of them enums whose
         # __hash__ is Python code; these fields tell results apart as well, and
-        # equal results still hash alike (equality compares every field).
-        return hash((self.index, self.uuid, self.message, self.applied_watts))
+        # equal results still hash alike (equality compares every field). The
+        # power draw moves every cycle on real GPUs: without it, a cache of
+        # results would chain thousands of unequal ones under one hash.
+        draw = self.readings.power_draw_milliwatts if self.readings is not None else None
+        return hash(
+            (self.index, self.uuid, self.message, self.applied_watts, draw, len(self.faults))
+        )
 
     @property
     def failed(self) -> bool:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agent.capping import DEFAULT_ANNOTATION_KEY, MAX_REQUEST_WATTS
 from agent.errors import ConfigError
+from agent.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, XidPolicy, parse_xids
 from agent.flags import (
     Option,
     add_options,
@@ -40,6 +41,8 @@ DEFAULT_SAFE_DEFAULT_WATTS = 300
 DEFAULT_STATE_DIR = Path("/var/lib/capwatch")
 DEFAULT_PROC_ROOT = Path("/proc")
 MAX_INTERVAL_S = 3600.0
+MIN_FAULT_RECOVERY_S = 1.0
+MAX_FAULT_RECOVERY_S = 7 * 86400.0
 
 # RFC 1123 DNS subdomain (node names), and Kubernetes qualified names (annotation keys).
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -72,6 +75,8 @@ class AgentSettings:
     pod_events: bool  # Events on owner pods (Kubernetes pod view only)
     pod_silence_bound_s: float  # a silent pod watch is not trusted for longer
     shutdown_grace_s: float
+    xid_policy: XidPolicy  # which XIDs are device faults
+    fault_recovery_s: float  # quiet window after which an XID or ECC fault clears
     log_level: str
     log_format: LogFormat
 
@@ -104,6 +109,25 @@ def _watts(flag: str, text: str) -> int:
     value = int(text)
     if not 0 < value <= MAX_REQUEST_WATTS:
         raise ConfigError(flag, f"must be between 1 and {MAX_REQUEST_WATTS} watts, got {text!r}")
+    return value
+
+
+def _xid_ignore(flag: str, text: str) -> tuple[frozenset[int], bool]:
+    return parse_xids(text, option=flag, allow_all=True)
+
+
+def _xid_fatal(flag: str, text: str) -> frozenset[int]:
+    return parse_xids(text, option=flag, allow_all=False)[0]
+
+
+def _fault_recovery(flag: str, text: str) -> float:
+    value = positive_float(flag, text)
+    if not MIN_FAULT_RECOVERY_S <= value <= MAX_FAULT_RECOVERY_S:
+        raise ConfigError(
+            flag,
+            f"must be between {MIN_FAULT_RECOVERY_S:g} and {MAX_FAULT_RECOVERY_S:g} seconds,"
+            f" got {text!r}",
+        )
     return value
 
 
@@ -264,6 +288,29 @@ _OPTIONS = (
         convert=positive_float,
         help="seconds to wait for an in-flight cycle at shutdown before restoring caps anyway",
     ),
+    Option(
+        flag="--xid-ignore",
+        env="CAPWATCH_XID_IGNORE",
+        default=",".join(str(code) for code in sorted(DEFAULT_XID_IGNORE)),
+        convert=_xid_ignore,
+        help="XIDs that are not device faults (application errors), comma-separated; "
+        "'all' ignores every XID but --xid-fatal's; '' ignores none",
+    ),
+    Option(
+        flag="--xid-fatal",
+        env="CAPWATCH_XID_FATAL",
+        default="",
+        convert=_xid_fatal,
+        help="XIDs that are device faults whatever --xid-ignore says, comma-separated",
+    ),
+    Option(
+        flag="--fault-recovery",
+        env="CAPWATCH_FAULT_RECOVERY",
+        default=f"{DEFAULT_FAULT_RECOVERY_S:g}",
+        convert=_fault_recovery,
+        help="seconds without a new XID or ECC error after which that fault clears "
+        "(lost GPUs and row-remap failures clear when the device says so)",
+    ),
     log_level_option("info"),
     LOG_FORMAT_OPTION,
 )
@@ -292,6 +339,12 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         pod_events=values["pod_events"],
         pod_silence_bound_s=values["pod_silence_bound"],
         shutdown_grace_s=values["shutdown_grace"],
+        xid_policy=XidPolicy(
+            ignore=values["xid_ignore"][0],
+            ignore_all=values["xid_ignore"][1],
+            fatal=values["xid_fatal"],
+        ),
+        fault_recovery_s=values["fault_recovery"],
         log_level=values["log_level"],
         log_format=values["log_format"],
     )

@@ -105,6 +105,7 @@ class GpuSummary:
     reason: str  # the agent's stable code (ok, write_failed, ...)
     message: str
     applied_watts: int | None = None
+    faults: tuple[str, ...] = ()  # summaries of its active device faults (XID 79, ...)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -47,6 +47,7 @@ def gpu(summary: GpuSummary) -> cpb.GpuSummary:
         outcome=OUTCOME.get(summary.outcome, pb.OUTCOME_UNSPECIFIED),
         reason=summary.reason,
         message=summary.message,
+        faults=summary.faults,
     )
     if summary.applied_watts is not None:
         message.applied_watts = summary.applied_watts

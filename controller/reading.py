@@ -37,6 +37,7 @@ def gpu_summaries(devices: Iterable[pb.DeviceStatus]) -> tuple[GpuSummary, ...]:
             reason=d.reason,
             message=d.message,
             applied_watts=d.applied_watts if d.HasField("applied_watts") else None,
+            faults=tuple(f.summary for f in d.faults),
         )
         for d in sorted(devices, key=lambda d: d.index)
     )

@@ -5,7 +5,9 @@ again whenever nothing happened for one interval, well within
 ``health_check_timeout_seconds`` (the staleness bound, rounded up), because the
 kubelet expires devices it has not heard about and ignores
 ``last_updated_time``. Messages are stable reason text with no live numbers:
-each change of message is a pod status update in the kubelet.
+each change of message is a pod status update in the kubelet. A GPU with an
+active device fault (agent.faults) is UNHEALTHY and its message names the
+faults by their stable summaries ("XID 79", "GPU lost"), never their counts.
 """
 
 from __future__ import annotations
@@ -57,12 +59,16 @@ def device_message(state: DeviceState, view: View) -> tuple[DeviceHealth, str]:
     if latest is not None and latest.abort_reason is not None:
         return health, f"capwatch: enforcement cycle aborted ({latest.abort_reason.value})"
     result = state.result
+    # Faults first: what the device has outlasts what one cycle's write did.
+    faults = ", ".join(f.summary for f in result.faults)
+    prefix = f"capwatch: device fault ({faults}); " if faults else "capwatch: "
     if result.outcome is not Outcome.FAILED:
-        return health, _HEALTHY_TEXT[result.outcome]
+        text = _HEALTHY_TEXT[result.outcome].removeprefix("capwatch: ")
+        return health, (prefix + text)[:MAX_MESSAGE]
     detail = result.reason.value
     if result.error_class is not None:
         detail += f": {result.error_class.value}"
-    return health, f"capwatch: power cap not enforced ({detail})"[:MAX_MESSAGE]
+    return health, f"{prefix}power cap not enforced ({detail})"[:MAX_MESSAGE]
 
 
 class _DraServicer:

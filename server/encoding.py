@@ -208,7 +208,7 @@ def encode_cycle(
     ):
         device = _settled_bytes(result, namer, health, transition)
         head = device.heads.get(extra) or device.head(extra)
-        parts += (head, updated, device.process_count, sequence)
+        parts += (head, updated, device.process_count, sequence, device.trailer)
     summary = report.failure_summary.encode()
     tail = unsigned(_CYCLE_INTERRUPTED, report.interrupted) + (
         length_delimited(_CYCLE_FAILURE_SUMMARY, summary) if summary else b""
@@ -217,18 +217,20 @@ def encode_cycle(
 
 
 class _Settled:
-    """A GPU's settled fields (1-16) encoded, and its process count (18) apart.
+    """A GPU's settled fields (1-16) encoded, and apart from them its process
+    count (18) and its faults and telemetry (20, 21).
 
-    The process count comes after the last update time (17), which changes
-    every cycle, so it is kept apart to keep the fields in number order.
+    Those come after the last update time (17) and the sequence (19), which
+    change every cycle, so they are kept apart to keep the fields in number order.
     """
 
-    __slots__ = ("fixed", "heads", "process_count", "size")
+    __slots__ = ("fixed", "heads", "process_count", "size", "trailer")
 
-    def __init__(self, fixed: bytes, process_count: bytes) -> None:
+    def __init__(self, fixed: bytes, process_count: bytes, trailer: bytes) -> None:
         self.fixed = fixed
         self.process_count = process_count
-        self.size = len(fixed) + len(process_count)
+        self.trailer = trailer
+        self.size = len(fixed) + len(process_count) + len(trailer)
         # By the size of what each cycle adds (update time, sequence): the
         # device's tag, length and settled fields.
         self.heads: dict[int, bytes] = {}
@@ -246,6 +248,14 @@ def _settled_bytes(
     name = namer(result.index, result.uuid)
     message.CopyFrom(settled(result, name, health, last_transition_wall))
     message.ClearField("process_count")
+    # Fields 20 and 21 alone serialize to exactly their bytes in the whole message.
+    trailer = pb.DeviceStatus(faults=message.faults)
+    if message.HasField("telemetry"):
+        trailer.telemetry.CopyFrom(message.telemetry)
+    message.ClearField("faults")
+    message.ClearField("telemetry")
     return _Settled(
-        message.SerializeToString(), unsigned(_DEVICE_PROCESS_COUNT, result.process_count)
+        message.SerializeToString(),
+        unsigned(_DEVICE_PROCESS_COUNT, result.process_count),
+        trailer.SerializeToString(),
     )

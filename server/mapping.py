@@ -14,6 +14,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agent.devices import DeviceHealth, DeviceState, device_health, nothing_known
+from agent.faults import Fault, FaultKind
 from agent.readiness import Readiness, ReadinessReason
 from agent.reports import (
     AbortReason,
@@ -24,6 +25,7 @@ from agent.reports import (
     Outcome,
     SafeDefaultCause,
 )
+from agent.telemetry import Readings
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 
 DeviceNamer = Callable[[int, str | None], str]
@@ -34,6 +36,9 @@ Include = Callable[[int, str | None], bool]
 # ten times as much on Python 3.11, and cycle_devices makes several per GPU.
 _UNKNOWN, _HEALTHY, _UNHEALTHY = DeviceHealth.UNKNOWN, DeviceHealth.HEALTHY, DeviceHealth.UNHEALTHY
 _FAILED = Outcome.FAILED
+
+_UINT32_MAX = 0xFFFF_FFFF
+_UINT64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 
 # Reason code of a GPU known at start-up that no cycle has reached yet.
 NOT_REPORTED = "not_reported"
@@ -75,6 +80,12 @@ SAFE_DEFAULT_CAUSE: Mapping[SafeDefaultCause | None, pb.SafeDefaultCause.ValueTy
     SafeDefaultCause.INVALID: pb.SAFE_DEFAULT_CAUSE_INVALID,
     SafeDefaultCause.DISAGREE: pb.SAFE_DEFAULT_CAUSE_DISAGREE,
     SafeDefaultCause.NO_POD: pb.SAFE_DEFAULT_CAUSE_NO_POD,
+}
+FAULT_KIND: Mapping[FaultKind, pb.FaultKind.ValueType] = {
+    FaultKind.XID: pb.FAULT_KIND_XID,
+    FaultKind.GPU_LOST: pb.FAULT_KIND_GPU_LOST,
+    FaultKind.ECC_UNCORRECTED: pb.FAULT_KIND_ECC_UNCORRECTED,
+    FaultKind.ROW_REMAP_FAILURE: pb.FAULT_KIND_ROW_REMAP_FAILURE,
 }
 CLAMP_DIRECTION: Mapping[ClampDirection, pb.ClampDirection.ValueType] = {
     ClampDirection.NONE: pb.CLAMP_DIRECTION_NONE,
@@ -166,7 +177,49 @@ def settled(
         message.resolved_watts = result.resolved_watts
     if result.applied_watts is not None:
         message.applied_watts = result.applied_watts
+    message.faults.extend(fault(f) for f in result.faults)
+    if result.readings is not None:
+        message.telemetry.CopyFrom(telemetry(result.readings))
     return message
+
+
+def fault(value: Fault) -> pb.DeviceFault:
+    return pb.DeviceFault(
+        kind=FAULT_KIND[value.kind],
+        code=min(value.code, _UINT32_MAX),
+        first_seen_time=timestamp(value.first_seen_wall),
+        last_seen_time=timestamp(value.last_seen_wall),
+        count=value.count,
+        summary=value.summary,
+    )
+
+
+def telemetry(readings: Readings) -> pb.DeviceTelemetry:
+    message = pb.DeviceTelemetry(
+        throttle_reasons=[r.value for r in readings.throttle_reasons or ()],
+        throttle_reasons_available=readings.throttle_reasons is not None,
+        failed_reads=readings.failed_reads,
+    )
+    if readings.power_draw_milliwatts is not None:
+        message.power_draw_milliwatts = _uint32(readings.power_draw_milliwatts)
+    if readings.enforced_limit_milliwatts is not None:
+        message.enforced_limit_milliwatts = _uint32(readings.enforced_limit_milliwatts)
+    if readings.ecc_uncorrected_volatile is not None:
+        message.ecc_uncorrected_volatile = max(
+            0, min(readings.ecc_uncorrected_volatile, _UINT64_MAX)
+        )
+    if readings.row_remap_pending is not None:
+        message.row_remap_pending = readings.row_remap_pending
+    if readings.row_remap_failure is not None:
+        message.row_remap_failure = readings.row_remap_failure
+    if readings.retired_pages_pending is not None:
+        message.retired_pages_pending = readings.retired_pages_pending
+    return message
+
+
+def _uint32(value: int) -> int:
+    """A device's number into a uint32 field: clamped, never wrapped or raised on."""
+    return max(0, min(value, _UINT32_MAX))
 
 
 def device_state(
@@ -224,7 +277,13 @@ def cycle_devices(
             finished if state is None or state.sequence != sequence else state.last_transition_wall
         )
         # own_health() of this cycle's state, whose result is this one.
-        health = _UNKNOWN if unknown else _UNHEALTHY if result.outcome is _FAILED else _HEALTHY
+        health = (
+            _UNKNOWN
+            if unknown
+            else _UNHEALTHY
+            if result.outcome is _FAILED or result.faults
+            else _HEALTHY
+        )
         out.append((result, transition, health))
     return out
 

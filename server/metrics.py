@@ -63,6 +63,7 @@ from agent.reports import (
     SafeDefaultCause,
 )
 from server.certificates import Reloads
+from server.device_metrics import DeviceMetrics
 from server.publication import Publication
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,7 @@ class Metrics:
         for disposition in Disposition:
             self._multi_pod.labels(disposition=disposition.value)
         self._precreate_gpus(state.devices)
+        self._devices = DeviceMetrics(r, publication)
         r.register(
             _ScrapeCollector(
                 publication=publication,
@@ -254,6 +256,7 @@ class Metrics:
             self._pod_view_failures.inc()
         self._save_failures.inc(report.save_failures)
         self._unsaved_cycles.set(report.unsaved_cycles)
+        self._devices.fold(report)
         self._precreate_gpus(g.index for g in report.gpus)
         caps = dict(self._caps)
         for result in report.gpus:

@@ -62,6 +62,8 @@ GPU_COLUMNS = (
     Column(name="RES W", min=5, max=6, rank=5, grow=5),
     Column(name="APPLIED", min=11, max=11, rank=1),
     Column(name="SOURCE", min=21, max=21, rank=2),
+    Column(name="POWER", min=7, max=7, rank=3),
+    Column(name="FAULTS", min=9, max=40, rank=1, grow=6, floor=6),
 )
 DRA_COLUMNS = (
     Column(name="POOL", min=12, max=40, grow=2, floor=6),
@@ -277,14 +279,26 @@ def gpu_cells(device: pb.DeviceStatus) -> tuple[str, ...]:
         str(device.resolved_watts) if device.HasField("resolved_watts") else "-",
         applied,
         source,
+        _power(device),
+        ", ".join(f.summary for f in device.faults) or "-",
     )
+
+
+def _power(device: pb.DeviceStatus) -> str:
+    """The draw in watts, with a mark while the power cap is what holds the clocks back."""
+    telemetry = device.telemetry
+    if not telemetry.HasField("power_draw_milliwatts"):
+        return "-"
+    capped = "*" if "sw_power_cap" in telemetry.throttle_reasons else ""
+    return f"{round(telemetry.power_draw_milliwatts / 1000)} W{capped}"
 
 
 def gpu_styles(device: pb.DeviceStatus) -> tuple[Style, ...]:
     health = _HEALTH_STYLE.get(_enum(pb.DeviceHealth, device.health, "DEVICE_HEALTH_"), "")
     outcome = _OUTCOME_STYLE.get(_enum(pb.Outcome, device.outcome, "OUTCOME_"), "")
     failed = device.outcome == pb.OUTCOME_FAILED
-    return ("", health, "", outcome, FAILED if failed else "", "", "", "", "", "")
+    faulted = FAILED if device.faults else ""
+    return ("", health, "", outcome, FAILED if failed else "", "", "", "", "", "", "", faulted)
 
 
 # --- DRA ---------------------------------------------------------------------------

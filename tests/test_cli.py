@@ -55,6 +55,16 @@ CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
             {"CAPWATCH_POD_SILENCE_BOUND": "soon"},
             "--pod-silence-bound (from $CAPWATCH_POD_SILENCE_BOUND): not a number",
         ),
+        (["--xid-ignore", "13,31,x"], {}, "--xid-ignore: 'x' is not an XID number"),
+        (["--xid-ignore", "13;31"], {}, "--xid-ignore: '13;31' is not an XID number"),
+        (["--xid-fatal", "all"], {}, "--xid-fatal: 'all' is not an XID number"),
+        (
+            [],
+            {"CAPWATCH_XID_FATAL": "79,-1"},
+            "--xid-fatal (from $CAPWATCH_XID_FATAL): '-1' is not an XID number",
+        ),
+        (["--fault-recovery", "0.5"], {}, "--fault-recovery: must be between 1 and 604800"),
+        (["--fault-recovery", "soon"], {}, "--fault-recovery: not a number"),
         (
             ["--gpu-backend", "sim", "--state-dir", "/proc/capwatch"],
             {},
@@ -86,6 +96,28 @@ def test_pod_silence_bound_defaults_to_30_seconds_and_has_an_env_twin(tmp_path: 
     assert agent_settings(parser.parse_args(base), env).pod_silence_bound_s == 12.5
     flagged = parser.parse_args([*base, "--pod-silence-bound", "45"])
     assert agent_settings(flagged, env).pod_silence_bound_s == 45.0
+
+
+def test_device_health_flags_default_to_the_device_plugins_xids_and_ten_minutes(tmp_path: Path):
+    """XIDs 13, 31, 43, 45, 68 and 109 are ignored and faults recover after 600 s unless
+    set; the flags and their twins replace the lists, and 'all' ignores every XID."""
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    base = ["--gpu-backend", "sim", "--state-dir", str(tmp_path / "state")]
+    default = agent_settings(parser.parse_args(base), {})
+    assert default.xid_policy.ignore == frozenset({13, 31, 43, 45, 68, 109})
+    assert (default.xid_policy.fatal, default.xid_policy.ignore_all) == (frozenset(), False)
+    assert default.fault_recovery_s == 600.0
+    env = {
+        "CAPWATCH_XID_IGNORE": "all",
+        "CAPWATCH_XID_FATAL": "13",
+        "CAPWATCH_FAULT_RECOVERY": "30",
+    }
+    custom = agent_settings(parser.parse_args(base), env)
+    assert (custom.xid_policy.ignore_all, custom.xid_policy.fatal) == (True, frozenset({13}))
+    assert custom.fault_recovery_s == 30.0
+    flagged = agent_settings(parser.parse_args([*base, "--xid-ignore", ""]), env)
+    assert (flagged.xid_policy.ignore, flagged.xid_policy.ignore_all) == (frozenset(), False)
 
 
 def test_unknown_flag_is_one_line_too(capsys):

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.devices import DeviceState, fold, inventory
+from agent.faults import Fault, FaultKind
 from agent.gpus import GpuErrorClass
 from agent.pods import PodRef
 from agent.readiness import Readiness, ReadinessReason
@@ -28,6 +29,7 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
+from agent.telemetry import Readings, ThrottleReason
 from server import encoding, mapping
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from tests.server.harness import POD, UUIDS, failed, idle, ok
@@ -38,6 +40,23 @@ FAILED = Readiness(
     ready=False, reason=ReadinessReason.CYCLE_FAILED, detail="gpu1:write_failed", last_good_age_s=3
 )
 NO_CYCLE = Readiness(ready=False, reason=ReadinessReason.NO_CYCLE_YET, last_good_age_s=None)
+
+
+XID_79 = Fault(
+    kind=FaultKind.XID, code=79, first_seen_wall=1_750_000_000.5, last_seen_wall=1.75e9, count=3
+)
+FAULTED = dataclasses.replace(
+    ok(0),
+    faults=(XID_79,),
+    readings=Readings(
+        power_draw_milliwatts=251_000,
+        enforced_limit_milliwatts=250_000,
+        throttle_reasons=(ThrottleReason.SW_POWER_CAP,),
+        ecc_uncorrected_volatile=0,
+        row_remap_failure=False,
+        failed_reads=("row_remap",),
+    ),
+)
 
 
 def namer(index: int, uuid: str | None) -> str:
@@ -136,6 +155,7 @@ HUGE = GpuResult(
         pytest.param(report(2**14 + 1, ok(1), wall=0.5), READY, {}, id="multi-byte-sequence"),
         pytest.param(report(2**63, ok(0)), READY, None, id="largest-sequences"),
         pytest.param(report(9, HUGE), READY, {}, id="device-over-16-KiB"),
+        pytest.param(report(4, FAULTED, idle(1)), READY, {}, id="faults-and-telemetry"),
     ],
 )
 def test_encoded_cycle_is_the_mapped_message_byte_for_byte(cycle, ready, table):
@@ -237,6 +257,34 @@ results = st.builds(
     safe_default_cause=st.one_of(st.none(), st.sampled_from(SafeDefaultCause)),
     clamp=st.sampled_from(ClampDirection),
     process_count=st.integers(0, 2**32 - 1),
+    faults=st.lists(
+        st.builds(
+            Fault,
+            kind=st.sampled_from(FaultKind),
+            code=st.integers(0, 2**32 - 1),
+            first_seen_wall=st.floats(-1e10, 4e9, allow_nan=False),
+            last_seen_wall=st.floats(-1e10, 4e9, allow_nan=False),
+            count=st.integers(0, 2**64 - 1),
+        ),
+        max_size=3,
+    ).map(tuple),
+    readings=st.one_of(
+        st.none(),
+        st.builds(
+            Readings,
+            power_draw_milliwatts=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+            enforced_limit_milliwatts=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+            throttle_reasons=st.one_of(
+                st.none(), st.lists(st.sampled_from(ThrottleReason), unique=True).map(tuple)
+            ),
+            ecc_uncorrected_volatile=st.one_of(st.none(), st.integers(0, 2**64 - 1)),
+            row_remap_pending=st.one_of(st.none(), st.booleans()),
+            row_remap_failure=st.one_of(st.none(), st.booleans()),
+            retired_pages_pending=st.one_of(st.none(), st.booleans()),
+            failed_reads=st.lists(st.sampled_from(("power_draw", "ecc")), unique=True).map(tuple),
+            lost=st.booleans(),
+        ),
+    ),
 )
 
 
@@ -277,6 +325,8 @@ def test_results_that_hash_alike_are_still_told_apart():
         dataclasses.replace(base, cap_source=CapSource.AGREED),
         dataclasses.replace(base, process_count=7),
         dataclasses.replace(base, owners=()),
+        dataclasses.replace(base, readings=Readings(ecc_uncorrected_volatile=3)),
+        dataclasses.replace(base, readings=Readings(ecc_uncorrected_volatile=4)),
     ]
     for other in others:
         assert hash(other) == hash(base)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from agent.devices import DeviceHealth, device_health, fold, inventory
+from agent.faults import Fault, FaultKind
 from agent.gpus import GpuErrorClass
 from agent.readiness import Readiness, ReadinessReason
 from agent.reports import (
@@ -17,6 +20,7 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
+from agent.telemetry import Readings, ThrottleReason
 from server import mapping
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from tests.server.harness import POD, UUIDS, failed, idle, ok
@@ -221,3 +225,130 @@ def test_snapshot_lists_unreported_devices_and_last_cycle():
     assert message.last_cycle.sequence == 1
     assert message.stale_after.seconds == 45
     assert not message.resync
+
+
+XID = Fault(kind=FaultKind.XID, code=79, first_seen_wall=900.0, last_seen_wall=950.5, count=4)
+LOST = Fault(kind=FaultKind.GPU_LOST, code=0, first_seen_wall=960.0, last_seen_wall=990.0, count=3)
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind", "summary"),
+    [
+        (XID, pb.FAULT_KIND_XID, "XID 79"),
+        (LOST, pb.FAULT_KIND_GPU_LOST, "GPU lost"),
+        (
+            Fault(
+                kind=FaultKind.ECC_UNCORRECTED, code=0, first_seen_wall=1, last_seen_wall=2, count=2
+            ),
+            pb.FAULT_KIND_ECC_UNCORRECTED,
+            "uncorrectable ECC errors",
+        ),
+        (
+            Fault(
+                kind=FaultKind.ROW_REMAP_FAILURE,
+                code=0,
+                first_seen_wall=1,
+                last_seen_wall=1,
+                count=1,
+            ),
+            pb.FAULT_KIND_ROW_REMAP_FAILURE,
+            "row remapping failed",
+        ),
+    ],
+)
+def test_fault_maps_kind_code_times_count_and_stable_summary(fault: Fault, kind: int, summary: str):
+    """Each fault kind has its enum value; times, count and the summary come across as they are."""
+    message = mapping.fault(fault)
+    assert (message.kind, message.code, message.count, message.summary) == (
+        kind,
+        fault.code,
+        fault.count,
+        summary,
+    )
+    assert message.first_seen_time.ToNanoseconds() == int(fault.first_seen_wall * 1e9)
+    assert message.last_seen_time.ToNanoseconds() == int(fault.last_seen_wall * 1e9)
+
+
+def test_every_fault_kind_has_a_mapping():
+    """A new fault kind without a protobuf value fails here."""
+    assert set(mapping.FAULT_KIND) == set(FaultKind)
+
+
+@pytest.mark.parametrize(
+    ("readings", "expected"),
+    [
+        (Readings(), {}),
+        (
+            Readings(
+                power_draw_milliwatts=251_250,
+                enforced_limit_milliwatts=250_000,
+                throttle_reasons=(ThrottleReason.HW_SLOWDOWN, ThrottleReason.SW_POWER_CAP),
+                ecc_uncorrected_volatile=0,
+                row_remap_pending=False,
+                row_remap_failure=True,
+            ),
+            {
+                "power_draw_milliwatts": 251_250,
+                "enforced_limit_milliwatts": 250_000,
+                "throttle_reasons": ["hw_slowdown", "sw_power_cap"],
+                "throttle_reasons_available": True,
+                "ecc_uncorrected_volatile": 0,
+                "row_remap_pending": False,
+                "row_remap_failure": True,
+            },
+        ),
+        (
+            Readings(throttle_reasons=(), retired_pages_pending=True, failed_reads=("ecc",)),
+            {
+                "throttle_reasons_available": True,
+                "retired_pages_pending": True,
+                "failed_reads": ["ecc"],
+            },
+        ),
+        (
+            Readings(power_draw_milliwatts=2**40),
+            {"power_draw_milliwatts": 2**32 - 1},
+        ),
+    ],
+    ids=["nothing-available", "everything", "older-part", "clamped-not-wrapped"],
+)
+def test_telemetry_sets_exactly_the_available_reads(readings: Readings, expected: dict):
+    """A read that is not available is an absent field (a present 0 is a real zero)."""
+    message = mapping.telemetry(readings)
+    got = {field.name: value for field, value in message.ListFields()}
+    got = {
+        k: list(v) if isinstance(v, (list, tuple)) or hasattr(v, "append") else v
+        for k, v in got.items()
+    }
+    assert got == expected
+
+
+def test_faulted_gpu_is_unhealthy_though_its_cap_was_enforced():
+    """A fault makes the GPU UNHEALTHY with its outcome still ENFORCED; telemetry rides along."""
+    result = dataclasses.replace(ok(0), faults=(XID,), readings=Readings(power_draw_milliwatts=1))
+    device = mapping.cycle(
+        report(1, result), devices={}, namer=namer, ready=READY, age_s=0
+    ).devices[0]
+    assert (device.outcome, device.health) == (pb.OUTCOME_ENFORCED, pb.DEVICE_HEALTH_UNHEALTHY)
+    assert [f.summary for f in device.faults] == ["XID 79"]
+    assert device.telemetry.power_draw_milliwatts == 1
+    assert (
+        not mapping.cycle(report(1, ok(0)), devices={}, namer=namer, ready=READY, age_s=0)
+        .devices[0]
+        .HasField("telemetry")
+    )
+
+
+def test_device_table_transition_moves_when_faults_come_and_go_not_when_counted():
+    """A new fault kind or code is a transition; the same fault seen again is not."""
+    table = inventory({0: UUIDS[0]}, wall=10.0)
+    table = fold(table, report(1, ok(0), wall=100.0))
+    table = fold(table, report(2, dataclasses.replace(ok(0), faults=(XID,)), wall=200.0))
+    assert table[0].last_transition_wall == 200.0
+    again = dataclasses.replace(XID, count=9, last_seen_wall=290.0)
+    table = fold(table, report(3, dataclasses.replace(ok(0), faults=(again,)), wall=300.0))
+    assert table[0].last_transition_wall == 200.0
+    assert device_health(table[0], latest=None, readiness=READY) is DeviceHealth.UNHEALTHY
+    table = fold(table, report(4, ok(0), wall=400.0))
+    assert table[0].last_transition_wall == 400.0
+    assert device_health(table[0], latest=None, readiness=READY) is DeviceHealth.HEALTHY

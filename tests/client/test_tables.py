@@ -81,6 +81,8 @@ def test_cycle_table_shows_what_each_gpu_got():
         "W",
         "(max)",
         "safe_default/disagree",
+        "-",
+        "-",
     ]
     assert second == [
         "1",
@@ -93,7 +95,29 @@ def test_cycle_table_shows_what_each_gpu_got():
         "-",
         "-",
         "-",
+        "-",
+        "-",
     ]
+
+
+def test_a_faulted_gpu_shows_its_faults_and_power():
+    """FAULTS names the active faults by summary; POWER is the draw in watts, marked * while
+    the power cap holds the clocks back; unavailable telemetry is '-'."""
+    device = pb.DeviceStatus(
+        index=0,
+        health=pb.DEVICE_HEALTH_UNHEALTHY,
+        outcome=pb.OUTCOME_ENFORCED,
+        reason="ok",
+        faults=[pb.DeviceFault(summary="XID 79"), pb.DeviceFault(summary="GPU lost")],
+        telemetry=pb.DeviceTelemetry(
+            power_draw_milliwatts=250_400, throttle_reasons=["sw_power_cap"]
+        ),
+    )
+    lines = [plain(line) for line in gpu_table([device], None)]
+    assert lines[1].rstrip().endswith("250 W*   XID 79, GPU lost")
+    device.ClearField("telemetry")
+    device.ClearField("faults")
+    assert [plain(line) for line in gpu_table([device], None)][1].split()[-2:] == ["-", "-"]
 
 
 def test_snapshot_heartbeat_and_unknown_values():
@@ -180,7 +204,7 @@ def test_gpu_table_fits_its_width_and_keeps_what_matters(width: int):
     assert "…" in lines[1]  # five owners never fit
     if width >= 80:
         assert "identity_unconfirmed:gpu_is_lost" in lines[2]
-    if width >= 160:
+    if width >= 200:
         assert header == [c for name in (c.name for c in GPU_COLUMNS) for c in name.split()]
 
 

@@ -133,3 +133,18 @@ def test_merged_replaces_by_index_and_keeps_the_rest() -> None:
     assert result[2] is table[2]
     assert merged(table, []) == table
     assert merged((), [gpu(3), gpu(1)]) == (gpu(1), gpu(3))
+
+
+def test_device_faults_come_across_by_their_summaries() -> None:
+    """A GPU's active faults reach its summary as their stable summaries, in the agent's
+    order; its telemetry does not (it moves every cycle and would make every cycle an
+    update to every cluster-stream subscriber)."""
+    faulted = device(0)
+    faulted.faults.add(summary="XID 79")
+    faulted.faults.add(summary="GPU lost")
+    faulted.telemetry.power_draw_milliwatts = 250_000
+    (summary,) = gpu_summaries([faulted])
+    assert summary.faults == ("XID 79", "GPU lost")
+    (plain,) = gpu_summaries([device(0)])
+    assert plain.faults == ()
+    assert summary == GpuSummary(**{**plain.__dict__, "faults": ("XID 79", "GPU lost")})

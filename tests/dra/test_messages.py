@@ -7,11 +7,13 @@ with the same outcome (no watts, no times), different when the outcome changes.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 
 import pytest
 
+from agent.faults import FAULTS_PER_GPU_LIMIT, Fault, FaultKind
 from agent.gpus import GpuErrorClass
 from agent.reports import AbortReason, GpuResult
 from tests.dra.client import MAX_MESSAGE, KubeletStream, Received
@@ -125,3 +127,62 @@ async def test_message_changes_when_the_outcome_class_changes(
             texts[name] = (await _after(harness, stream, gpus, abort)).messages[0]
     assert len(set(texts.values())) == len(texts), texts
     assert all(t.startswith("capwatch: ") for t in texts.values())
+
+
+def _faulted(result: GpuResult, *faults: Fault) -> GpuResult:
+    return dataclasses.replace(result, faults=faults)
+
+
+def _xid(code: int, count: int, last: float) -> Fault:
+    return Fault(
+        kind=FaultKind.XID, code=code, first_seen_wall=1.0, last_seen_wall=last, count=count
+    )
+
+
+LOST = Fault(kind=FaultKind.GPU_LOST, code=0, first_seen_wall=1.0, last_seen_wall=2.0, count=1)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_a_device_fault_is_unhealthy_with_a_stable_message_naming_it(
+    serve: Serve, kubelet: dict[str, KubeletApi], version: str
+) -> None:
+    """A GPU with an active fault is UNHEALTHY though its cap is enforced; the message
+    names the fault and stays the same while only its count and times move; when the
+    fault clears the GPU is HEALTHY with the plain enforced message again."""
+    harness = await serve(interval_s=QUIET)
+    api = kubelet[version]
+    async with harness.channel() as channel:
+        stream = KubeletStream(channel, api, interval_s=QUIET)
+        await stream.read()
+        plain = await _after(harness, stream, [ok(0), ok(1), idle(2)])
+        first = await _after(harness, stream, [_faulted(ok(0), _xid(79, 1, 5.0)), ok(1), idle(2)])
+        assert first.health(api) == ["UNHEALTHY", "HEALTHY", "HEALTHY"]
+        assert first.messages[0] == "capwatch: device fault (XID 79); power cap enforced"
+        again = await _after(harness, stream, [_faulted(ok(0), _xid(79, 40, 9.0)), ok(1), idle(2)])
+        assert again.messages == first.messages
+        both = await _after(
+            harness, stream, [_faulted(failed(0, GpuErrorClass.GPU_IS_LOST), LOST), ok(1), idle(2)]
+        )
+        assert both.health(api)[0] == "UNHEALTHY"
+        assert both.messages[0].startswith(
+            "capwatch: device fault (GPU lost); power cap not enforced"
+        )
+        healed = await _after(harness, stream, [ok(0), ok(1), idle(2)])
+        assert healed.health(api) == ["HEALTHY"] * 3
+        assert healed.messages == plain.messages
+
+
+async def test_a_fault_message_is_bounded_however_many_faults(
+    serve: Serve, kubelet: dict[str, KubeletApi]
+) -> None:
+    """Even a GPU carrying every distinct XID the tracker keeps stays within the kubelet's limit."""
+    harness = await serve(interval_s=QUIET)
+    api = kubelet["v1"]
+    many = tuple(_xid(4_000_000_000 + i, 1, 2.0) for i in range(FAULTS_PER_GPU_LIMIT))
+    async with harness.channel() as channel:
+        stream = KubeletStream(channel, api, interval_s=QUIET)
+        await stream.read()
+        got = await _after(harness, stream, [_faulted(ok(0), *many), ok(1), idle(2)])
+        assert got.health(api)[0] == "UNHEALTHY"
+        assert len(got.messages[0]) <= MAX_MESSAGE
+        assert got.messages[0].startswith("capwatch: device fault (XID 4000000000, ")

@@ -31,6 +31,7 @@ from agent.reports import (
     Outcome,
     Reason,
 )
+from agent.telemetry import DeviceEvent
 from server.publication import Publication
 from server.serving import AgentServer
 from server.settings import ServerSettings, server_settings
@@ -99,6 +100,7 @@ class ServerHarness:
         *,
         abort: AbortReason | None = None,
         failures: Sequence[CycleFailure] = (),
+        events: Sequence[DeviceEvent] = (),
     ) -> CycleReport:
         """Publish the next cycle (default: every GPU enforced)."""
         self.sequence += 1
@@ -119,6 +121,7 @@ class ServerHarness:
                 else ()
             ),
             abort_reason=abort,
+            events=tuple(events),
         )
         self.hub.publish(report)
         return report

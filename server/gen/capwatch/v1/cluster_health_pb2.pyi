@@ -313,6 +313,7 @@ class GpuSummary(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     APPLIED_WATTS_FIELD_NUMBER: _builtins.int
+    FAULTS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     health: _node_health_pb2.DeviceHealth.ValueType
@@ -321,6 +322,13 @@ class GpuSummary(_message.Message):
     """The agent's stable reason code (ok, idle, write_failed, ...)."""
     message: _builtins.str
     applied_watts: _builtins.int
+    @_builtins.property
+    def faults(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Summaries of its active device faults (XID 79, GPU lost, ...). Telemetry
+        is left out on purpose: it moves every cycle, and every change of a node
+        is an update to every subscriber.
+        """
+
     def __init__(
         self,
         *,
@@ -331,10 +339,11 @@ class GpuSummary(_message.Message):
         reason: _builtins.str = ...,
         message: _builtins.str = ...,
         applied_watts: _builtins.int | None = ...,
+        faults: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "applied_watts", b"applied_watts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "applied_watts", b"applied_watts", "health", b"health", "index", b"index", "message", b"message", "outcome", b"outcome", "reason", b"reason", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "applied_watts", b"applied_watts", "faults", b"faults", "health", b"health", "index", b"index", "message", b"message", "outcome", b"outcome", "reason", b"reason", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__applied_watts: _TypeAlias = _typing.Literal["applied_watts"]  # noqa: Y015
     _WhichOneofArgType__applied_watts: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts"]  # noqa: Y015

@@ -80,9 +80,11 @@ class _DeviceHealthEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeviceHe
     DEVICE_HEALTH_UNKNOWN: _DeviceHealth.ValueType  # 1
     """No cycle has reported on it, or the agent's last report is stale."""
     DEVICE_HEALTH_HEALTHY: _DeviceHealth.ValueType  # 2
-    """Its last step completed (capped, released, or idle)."""
+    """Its last step completed (capped, released, or idle) and it has no active fault."""
     DEVICE_HEALTH_UNHEALTHY: _DeviceHealth.ValueType  # 3
-    """Its last step failed: a required action did not complete."""
+    """Its last step failed (a required action did not complete), or it has an
+    active device fault (DeviceStatus.faults).
+    """
 
 class DeviceHealth(_DeviceHealth, metaclass=_DeviceHealthEnumTypeWrapper): ...
 
@@ -90,9 +92,11 @@ DEVICE_HEALTH_UNSPECIFIED: DeviceHealth.ValueType  # 0
 DEVICE_HEALTH_UNKNOWN: DeviceHealth.ValueType  # 1
 """No cycle has reported on it, or the agent's last report is stale."""
 DEVICE_HEALTH_HEALTHY: DeviceHealth.ValueType  # 2
-"""Its last step completed (capped, released, or idle)."""
+"""Its last step completed (capped, released, or idle) and it has no active fault."""
 DEVICE_HEALTH_UNHEALTHY: DeviceHealth.ValueType  # 3
-"""Its last step failed: a required action did not complete."""
+"""Its last step failed (a required action did not complete), or it has an
+active device fault (DeviceStatus.faults).
+"""
 Global___DeviceHealth: _TypeAlias = DeviceHealth  # noqa: Y015
 
 class _Outcome:
@@ -174,6 +178,35 @@ CLAMP_DIRECTION_NONE: ClampDirection.ValueType  # 1
 CLAMP_DIRECTION_RAISED_TO_MIN: ClampDirection.ValueType  # 2
 CLAMP_DIRECTION_LOWERED_TO_MAX: ClampDirection.ValueType  # 3
 Global___ClampDirection: _TypeAlias = ClampDirection  # noqa: Y015
+
+class _FaultKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FaultKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FaultKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FAULT_KIND_UNSPECIFIED: _FaultKind.ValueType  # 0
+    FAULT_KIND_XID: _FaultKind.ValueType  # 1
+    """A critical XID error the agent's XID policy counts; code is the XID number."""
+    FAULT_KIND_GPU_LOST: _FaultKind.ValueType  # 2
+    """NVML answered "GPU is lost", or the UUID stopped answering."""
+    FAULT_KIND_ECC_UNCORRECTED: _FaultKind.ValueType  # 3
+    """Uncorrectable (double-bit) ECC errors."""
+    FAULT_KIND_ROW_REMAP_FAILURE: _FaultKind.ValueType  # 4
+    """Row remapping failed: the memory could not be repaired."""
+
+class FaultKind(_FaultKind, metaclass=_FaultKindEnumTypeWrapper): ...
+
+FAULT_KIND_UNSPECIFIED: FaultKind.ValueType  # 0
+FAULT_KIND_XID: FaultKind.ValueType  # 1
+"""A critical XID error the agent's XID policy counts; code is the XID number."""
+FAULT_KIND_GPU_LOST: FaultKind.ValueType  # 2
+"""NVML answered "GPU is lost", or the UUID stopped answering."""
+FAULT_KIND_ECC_UNCORRECTED: FaultKind.ValueType  # 3
+"""Uncorrectable (double-bit) ECC errors."""
+FAULT_KIND_ROW_REMAP_FAILURE: FaultKind.ValueType  # 4
+"""Row remapping failed: the memory could not be repaired."""
+Global___FaultKind: _TypeAlias = FaultKind  # noqa: Y015
 
 @_typing.final
 class DeviceFilter(_message.Message):
@@ -568,6 +601,8 @@ class DeviceStatus(_message.Message):
     LAST_UPDATE_TIME_FIELD_NUMBER: _builtins.int
     PROCESS_COUNT_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
+    FAULTS_FIELD_NUMBER: _builtins.int
+    TELEMETRY_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     dra_device_name: _builtins.str
@@ -599,6 +634,16 @@ class DeviceStatus(_message.Message):
     def last_update_time(self) -> _timestamp_pb2.Timestamp:
         """When a cycle last reported on it."""
 
+    @_builtins.property
+    def faults(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceFault]:
+        """The device's active faults (XID, lost, ECC, row remapping), by kind and code."""
+
+    @_builtins.property
+    def telemetry(self) -> Global___DeviceTelemetry:
+        """What the device read in that cycle; absent when the step could not
+        identify the GPU.
+        """
+
     def __init__(
         self,
         *,
@@ -621,10 +666,12 @@ class DeviceStatus(_message.Message):
         last_update_time: _timestamp_pb2.Timestamp | None = ...,
         process_count: _builtins.int = ...,
         sequence: _builtins.int = ...,
+        faults: _abc.Iterable[Global___DeviceFault] | None = ...,
+        telemetry: Global___DeviceTelemetry | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "telemetry", b"telemetry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "cap_source", b"cap_source", "clamp_direction", b"clamp_direction", "dra_device_name", b"dra_device_name", "error_class", b"error_class", "health", b"health", "index", b"index", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "message", b"message", "outcome", b"outcome", "owners", b"owners", "process_count", b"process_count", "reason", b"reason", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "safe_default_cause", b"safe_default_cause", "sequence", b"sequence", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "cap_source", b"cap_source", "clamp_direction", b"clamp_direction", "dra_device_name", b"dra_device_name", "error_class", b"error_class", "faults", b"faults", "health", b"health", "index", b"index", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "message", b"message", "outcome", b"outcome", "owners", b"owners", "process_count", b"process_count", "reason", b"reason", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "safe_default_cause", b"safe_default_cause", "sequence", b"sequence", "telemetry", b"telemetry", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__applied_watts: _TypeAlias = _typing.Literal["applied_watts"]  # noqa: Y015
     _WhichOneofArgType__applied_watts: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts"]  # noqa: Y015
@@ -640,6 +687,129 @@ class DeviceStatus(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__resolved_watts) -> _WhichOneofReturnType__resolved_watts | None: ...
 
 Global___DeviceStatus: _TypeAlias = DeviceStatus  # noqa: Y015
+
+@_typing.final
+class DeviceFault(_message.Message):
+    """DeviceFault is one active fault. XID and ECC faults clear after a quiet
+    window (the agent's --fault-recovery); the others when the device says so.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    FIRST_SEEN_TIME_FIELD_NUMBER: _builtins.int
+    LAST_SEEN_TIME_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    kind: Global___FaultKind.ValueType
+    code: _builtins.int
+    """The XID number; 0 for the other kinds."""
+    count: _builtins.int
+    """Events (XID, ECC) or cycles (the others) it was seen in."""
+    summary: _builtins.str
+    """Stable text naming it (XID 79, GPU lost, ...)."""
+    @_builtins.property
+    def first_seen_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def last_seen_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        kind: Global___FaultKind.ValueType = ...,
+        code: _builtins.int = ...,
+        first_seen_time: _timestamp_pb2.Timestamp | None = ...,
+        last_seen_time: _timestamp_pb2.Timestamp | None = ...,
+        count: _builtins.int = ...,
+        summary: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["first_seen_time", b"first_seen_time", "last_seen_time", b"last_seen_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "count", b"count", "first_seen_time", b"first_seen_time", "kind", b"kind", "last_seen_time", b"last_seen_time", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceFault: _TypeAlias = DeviceFault  # noqa: Y015
+
+@_typing.final
+class DeviceTelemetry(_message.Message):
+    """DeviceTelemetry is one cycle's reads of a GPU. An absent optional field is
+    a read the device does not support, or one that failed (failed_reads).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POWER_DRAW_MILLIWATTS_FIELD_NUMBER: _builtins.int
+    ENFORCED_LIMIT_MILLIWATTS_FIELD_NUMBER: _builtins.int
+    THROTTLE_REASONS_FIELD_NUMBER: _builtins.int
+    THROTTLE_REASONS_AVAILABLE_FIELD_NUMBER: _builtins.int
+    ECC_UNCORRECTED_VOLATILE_FIELD_NUMBER: _builtins.int
+    ROW_REMAP_PENDING_FIELD_NUMBER: _builtins.int
+    ROW_REMAP_FAILURE_FIELD_NUMBER: _builtins.int
+    RETIRED_PAGES_PENDING_FIELD_NUMBER: _builtins.int
+    FAILED_READS_FIELD_NUMBER: _builtins.int
+    power_draw_milliwatts: _builtins.int
+    enforced_limit_milliwatts: _builtins.int
+    """The power limit the device enforces, read back after the cycle's write."""
+    throttle_reasons_available: _builtins.bool
+    """False when the reasons could not be read (throttle_reasons is then empty)."""
+    ecc_uncorrected_volatile: _builtins.int
+    """Volatile uncorrected ECC error count."""
+    row_remap_pending: _builtins.bool
+    row_remap_failure: _builtins.bool
+    retired_pages_pending: _builtins.bool
+    """Parts without row remapping: retired pages waiting for a reset."""
+    @_builtins.property
+    def throttle_reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Clock-event (throttle) reasons active now: sw_power_cap, hw_slowdown, ..."""
+
+    @_builtins.property
+    def failed_reads(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Reads that failed with an error other than "not supported"."""
+
+    def __init__(
+        self,
+        *,
+        power_draw_milliwatts: _builtins.int | None = ...,
+        enforced_limit_milliwatts: _builtins.int | None = ...,
+        throttle_reasons: _abc.Iterable[_builtins.str] | None = ...,
+        throttle_reasons_available: _builtins.bool = ...,
+        ecc_uncorrected_volatile: _builtins.int | None = ...,
+        row_remap_pending: _builtins.bool | None = ...,
+        row_remap_failure: _builtins.bool | None = ...,
+        retired_pages_pending: _builtins.bool | None = ...,
+        failed_reads: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ecc_uncorrected_volatile", b"_ecc_uncorrected_volatile", "_enforced_limit_milliwatts", b"_enforced_limit_milliwatts", "_power_draw_milliwatts", b"_power_draw_milliwatts", "_retired_pages_pending", b"_retired_pages_pending", "_row_remap_failure", b"_row_remap_failure", "_row_remap_pending", b"_row_remap_pending", "ecc_uncorrected_volatile", b"ecc_uncorrected_volatile", "enforced_limit_milliwatts", b"enforced_limit_milliwatts", "power_draw_milliwatts", b"power_draw_milliwatts", "retired_pages_pending", b"retired_pages_pending", "row_remap_failure", b"row_remap_failure", "row_remap_pending", b"row_remap_pending"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ecc_uncorrected_volatile", b"_ecc_uncorrected_volatile", "_enforced_limit_milliwatts", b"_enforced_limit_milliwatts", "_power_draw_milliwatts", b"_power_draw_milliwatts", "_retired_pages_pending", b"_retired_pages_pending", "_row_remap_failure", b"_row_remap_failure", "_row_remap_pending", b"_row_remap_pending", "ecc_uncorrected_volatile", b"ecc_uncorrected_volatile", "enforced_limit_milliwatts", b"enforced_limit_milliwatts", "failed_reads", b"failed_reads", "power_draw_milliwatts", b"power_draw_milliwatts", "retired_pages_pending", b"retired_pages_pending", "row_remap_failure", b"row_remap_failure", "row_remap_pending", b"row_remap_pending", "throttle_reasons", b"throttle_reasons", "throttle_reasons_available", b"throttle_reasons_available"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__ecc_uncorrected_volatile: _TypeAlias = _typing.Literal["ecc_uncorrected_volatile"]  # noqa: Y015
+    _WhichOneofArgType__ecc_uncorrected_volatile: _TypeAlias = _typing.Literal["_ecc_uncorrected_volatile", b"_ecc_uncorrected_volatile"]  # noqa: Y015
+    _WhichOneofReturnType__enforced_limit_milliwatts: _TypeAlias = _typing.Literal["enforced_limit_milliwatts"]  # noqa: Y015
+    _WhichOneofArgType__enforced_limit_milliwatts: _TypeAlias = _typing.Literal["_enforced_limit_milliwatts", b"_enforced_limit_milliwatts"]  # noqa: Y015
+    _WhichOneofReturnType__power_draw_milliwatts: _TypeAlias = _typing.Literal["power_draw_milliwatts"]  # noqa: Y015
+    _WhichOneofArgType__power_draw_milliwatts: _TypeAlias = _typing.Literal["_power_draw_milliwatts", b"_power_draw_milliwatts"]  # noqa: Y015
+    _WhichOneofReturnType__retired_pages_pending: _TypeAlias = _typing.Literal["retired_pages_pending"]  # noqa: Y015
+    _WhichOneofArgType__retired_pages_pending: _TypeAlias = _typing.Literal["_retired_pages_pending", b"_retired_pages_pending"]  # noqa: Y015
+    _WhichOneofReturnType__row_remap_failure: _TypeAlias = _typing.Literal["row_remap_failure"]  # noqa: Y015
+    _WhichOneofArgType__row_remap_failure: _TypeAlias = _typing.Literal["_row_remap_failure", b"_row_remap_failure"]  # noqa: Y015
+    _WhichOneofReturnType__row_remap_pending: _TypeAlias = _typing.Literal["row_remap_pending"]  # noqa: Y015
+    _WhichOneofArgType__row_remap_pending: _TypeAlias = _typing.Literal["_row_remap_pending", b"_row_remap_pending"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ecc_uncorrected_volatile) -> _WhichOneofReturnType__ecc_uncorrected_volatile | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__enforced_limit_milliwatts) -> _WhichOneofReturnType__enforced_limit_milliwatts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__power_draw_milliwatts) -> _WhichOneofReturnType__power_draw_milliwatts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retired_pages_pending) -> _WhichOneofReturnType__retired_pages_pending | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__row_remap_failure) -> _WhichOneofReturnType__row_remap_failure | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__row_remap_pending) -> _WhichOneofReturnType__row_remap_pending | None: ...
+
+Global___DeviceTelemetry: _TypeAlias = DeviceTelemetry  # noqa: Y015
 
 @_typing.final
 class Heartbeat(_message.Message):

@@ -1,0 +1,60 @@
+"""The controller's summaries to capwatch.v1 cluster messages (controller/mapping.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.conditions import GpuSummary
+from controller.mapping import gpu
+from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from server.gen.capwatch.v1 import node_health_pb2 as pb
+
+BASE = GpuSummary(
+    index=2, uuid="GPU-2", healthy=True, outcome="enforced", reason="ok", message="capped"
+)
+
+
+@pytest.mark.parametrize(
+    ("summary", "expected"),
+    [
+        (
+            BASE,
+            cpb.GpuSummary(
+                index=2,
+                uuid="GPU-2",
+                health=pb.DEVICE_HEALTH_HEALTHY,
+                outcome=pb.OUTCOME_ENFORCED,
+                reason="ok",
+                message="capped",
+            ),
+        ),
+        (
+            GpuSummary(**{**BASE.__dict__, "applied_watts": 0, "healthy": None}),
+            cpb.GpuSummary(
+                index=2,
+                uuid="GPU-2",
+                health=pb.DEVICE_HEALTH_UNKNOWN,
+                outcome=pb.OUTCOME_ENFORCED,
+                reason="ok",
+                message="capped",
+                applied_watts=0,
+            ),
+        ),
+        (
+            GpuSummary(**{**BASE.__dict__, "healthy": False, "faults": ("XID 79", "GPU lost")}),
+            cpb.GpuSummary(
+                index=2,
+                uuid="GPU-2",
+                health=pb.DEVICE_HEALTH_UNHEALTHY,
+                outcome=pb.OUTCOME_ENFORCED,
+                reason="ok",
+                message="capped",
+                faults=["XID 79", "GPU lost"],
+            ),
+        ),
+    ],
+    ids=["healthy", "zero-watts-unknown-health", "faulted"],
+)
+def test_gpu_summary_message(summary: GpuSummary, expected: cpb.GpuSummary) -> None:
+    """Health, outcome, an applied 0 W (a value, not absence) and device faults map as shown."""
+    assert gpu(summary) == expected
