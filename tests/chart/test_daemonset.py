@@ -9,7 +9,7 @@ import pytest
 from agent.settings import BackendKind, LogFormat, agent_settings
 from capwatch.cli import _parser  # the real `capwatch` parser: what the image will accept
 from server.settings import server_settings
-from tests.chart.support import VARIANTS, Manifests, ports
+from tests.chart.support import VARIANTS, Helm, Manifests, ports
 
 SOCKET = "unix:///run/capwatch/agent.sock"
 PROBE_KEYS = ("readinessProbe", "livenessProbe", "startupProbe")
@@ -206,6 +206,8 @@ def test_rendered_agent_flags_are_accepted_by_the_real_cli(default: Manifests) -
     assert settings.safe_default_watts == 300
     assert settings.annotation_key == "capwatch.io/gpu-power-limit"
     assert settings.pod_events is True
+    assert settings.xid_policy.ignore == frozenset({13, 31, 43, 45, 68, 109})
+    assert (settings.xid_policy.fatal, settings.fault_recovery_s) == (frozenset(), 600.0)
     assert settings.log_format is LogFormat.JSON
     assert str(settings.state_dir) == "/var/lib/capwatch"
     assert str(settings.proc_root) == "/proc"
@@ -221,6 +223,23 @@ def test_rendered_agent_flags_are_accepted_by_the_real_cli(default: Manifests) -
         settings.shutdown_grace_s + serving.grace_s
         < default.pod_spec["terminationGracePeriodSeconds"]
     )
+
+
+def test_device_health_values_reach_the_agent(helm: Helm) -> None:
+    """agent.xidIgnore, xidFatal and faultRecoverySeconds become the agent's flags."""
+    manifests = helm.render(
+        "--set-string",
+        "agent.xidIgnore=all",
+        "--set-string",
+        "agent.xidFatal=79\\,48",
+        "--set",
+        "agent.faultRecoverySeconds=120",
+    )
+    agent = manifests.container("agent")
+    settings = agent_settings(_parser().parse_args(agent["args"]), {"NODE_NAME": "n"})
+    assert settings.xid_policy.ignore_all is True
+    assert settings.xid_policy.fatal == frozenset({79, 48})
+    assert settings.fault_recovery_s == 120.0
 
 
 def test_tls_secrets_reach_the_agent_as_renewable_files(rendered: dict[str, Manifests]) -> None:
