@@ -8,7 +8,7 @@ FAKENVML := build/fakenvml
 HELM   := build/tools/helm
 CHART  := charts/capwatch
 
-.PHONY: setup demo test lint chart pytest fakenvml bench bench-stream bench-cluster clean proto proto-baseline
+.PHONY: setup demo test lint chart pytest fakenvml bench bench-stream bench-cluster bench-plots clean proto proto-baseline dashboard
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,7 @@ lint: setup chart
 	$(BIN)/buf format --diff --exit-code
 	$(BIN)/buf breaking --against buf.baseline.binpb
 	$(BIN)/python scripts/genproto.py --check
+	$(BIN)/python scripts/gendashboard.py --check
 	$(BIN)/hadolint Dockerfile
 
 # The Helm chart, with a real helm v4 (fetched once into build/tools): helm lint
@@ -51,6 +52,10 @@ chart: setup
 proto: setup
 	$(BIN)/buf format --write
 	$(BIN)/python scripts/genproto.py
+
+# Regenerate the chart's Grafana dashboard after editing dashboards/.
+dashboard: setup
+	$(BIN)/python scripts/gendashboard.py
 
 # Accept the current protos as the compatibility baseline (a deliberate break).
 proto-baseline: setup
