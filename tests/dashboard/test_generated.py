@@ -24,7 +24,8 @@ def gendashboard() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
         "gendashboard", ROOT / "scripts" / "gendashboard.py"
     )
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -86,7 +87,8 @@ def test_variables_are_datasource_node_and_gpu():
     assert variables["node"]["query"] == "label_values(capwatch_info, node)"
     assert variables["gpu"]["query"] == "label_values(capwatch_gpu_applied_cap_watts, gpu)"
     for name in ("node", "gpu"):
-        assert variables[name]["multi"] and variables[name]["includeAll"]
+        assert variables[name]["multi"]
+        assert variables[name]["includeAll"]
         assert variables[name]["allValue"] == ".*"
 
 
