@@ -72,12 +72,17 @@ test: lint pytest
 
 # Benchmarks print figures for reading (bench/README.md); they assert nothing.
 bench: setup
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cycle.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cycle.py --json bench/results/cycle.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/readyz.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/crash.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/controller.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py
+	$(BIN)/python bench/plot.py
+
+# PNG charts of the figures in bench/results/ (bench/README.md links them).
+bench-plots: setup
+	$(BIN)/python bench/plot.py
 
 # The simulated 5,000-node cluster alone (about five minutes: pools, API server, controller).
 bench-cluster: setup
