@@ -8,7 +8,7 @@ FAKENVML := build/fakenvml
 HELM   := build/tools/helm
 CHART  := charts/capwatch
 
-.PHONY: setup demo test lint chart pytest fakenvml bench bench-stream bench-cluster clean proto proto-baseline
+.PHONY: setup demo test lint chart pytest fakenvml bench bench-stream bench-cluster bench-plots clean proto proto-baseline dashboard
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,7 @@ lint: setup chart
 	$(BIN)/buf format --diff --exit-code
 	$(BIN)/buf breaking --against buf.baseline.binpb
 	$(BIN)/python scripts/genproto.py --check
+	$(BIN)/python scripts/gendashboard.py --check
 	$(BIN)/hadolint Dockerfile
 
 # The Helm chart, with a real helm v4 (fetched once into build/tools): helm lint
@@ -52,6 +53,10 @@ proto: setup
 	$(BIN)/buf format --write
 	$(BIN)/python scripts/genproto.py
 
+# Regenerate the chart's Grafana dashboard after editing dashboards/.
+dashboard: setup
+	$(BIN)/python scripts/gendashboard.py
+
 # Accept the current protos as the compatibility baseline (a deliberate break).
 proto-baseline: setup
 	$(BIN)/buf build --output buf.baseline.binpb
@@ -67,12 +72,17 @@ test: lint pytest
 
 # Benchmarks print figures for reading (bench/README.md); they assert nothing.
 bench: setup
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cycle.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cycle.py --json bench/results/cycle.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/readyz.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/crash.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/controller.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py
+	$(BIN)/python bench/plot.py
+
+# PNG charts of the figures in bench/results/ (bench/README.md links them).
+bench-plots: setup
+	$(BIN)/python bench/plot.py
 
 # The simulated 5,000-node cluster alone (about five minutes: pools, API server, controller).
 bench-cluster: setup

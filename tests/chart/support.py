@@ -32,6 +32,7 @@ VARIANTS: Mapping[str, tuple[str, ...]] = {
     "metrics-off": ("-f", str(CHART / "ci" / "metrics-off-values.yaml")),
     "tls-netpol": ("-f", str(CHART / "ci" / "tls-netpol-values.yaml")),
     "controller-tls": ("-f", str(CHART / "ci" / "controller-tls-values.yaml")),
+    "grafana-dashboard": ("-f", str(CHART / "ci" / "grafana-dashboard-values.yaml")),
 }
 
 
