@@ -1,10 +1,4 @@
-"""The metric names a dashboard's PromQL reads, and the names docs/metrics.md lists.
-
-Device-health metrics (``capwatch_gpu_healthy`` and the rest) come with
-server/device_metrics.py, written in parallel with the dashboard: until that
-module exists, they are the only names allowed to be missing, and the checks
-are strict again from the commit that adds it.
-"""
+"""The metric names a dashboard's PromQL reads, and the names docs/metrics.md lists."""
 
 from __future__ import annotations
 
@@ -14,7 +8,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"
-DEVICE_METRICS_MODULE = ROOT / "server" / "device_metrics.py"
 DEVICE_METRICS = frozenset(
     {
         "capwatch_gpu_healthy",
@@ -26,6 +19,9 @@ DEVICE_METRICS = frozenset(
         "capwatch_gpu_ecc_uncorrected_errors",
     }
 )
+# Series that appear only when their event happens (an XID's code is a label): a
+# healthy node serves the family's HELP and TYPE but no sample.
+EVENT_DRIVEN = frozenset({"capwatch_gpu_xid_events_total"})
 HISTOGRAM_SAMPLES = ("_bucket", "_sum", "_count")
 # A metric name followed by anything but "(" (a function such as capwatch_x( is none).
 _NAME = re.compile(r"\b(capwatch_[a-z0-9_]+)\b(?!\s*\()")
@@ -49,8 +45,3 @@ def family(name: str, histograms: Iterable[str]) -> str:
         if name.endswith(suffix) and name.removesuffix(suffix) in histograms:
             return name.removesuffix(suffix)
     return name
-
-
-def awaited() -> frozenset[str]:
-    """The names allowed to be missing: the device metrics, until their module lands."""
-    return frozenset() if DEVICE_METRICS_MODULE.exists() else DEVICE_METRICS

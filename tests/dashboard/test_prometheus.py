@@ -9,22 +9,20 @@ import pytest
 
 from dashboards.capwatch import expressions
 from tests.controller.e2e.processes import Processes
-from tests.dashboard.names import awaited, names_in
+from tests.dashboard.names import EVENT_DRIVEN, names_in
 from tests.dashboard.prom import instant, scraping, wait_scraped
 from tests.metrics.support import free_port, running_agent
 
 pytestmark = pytest.mark.slow
 
-# Series that appear only when their event happens (an XID's code is its label): their
-# panels may show nothing on a healthy node, but must still evaluate.
-EVENT_DRIVEN = frozenset({"capwatch_gpu_xid_events_total"})
 JOIN = frozenset({"capwatch_info"})
 
 
 def may_be_empty(expr: str) -> bool:
-    """Whether ``expr`` reads only event-driven metrics, or device metrics not landed yet."""
+    """Whether ``expr`` reads only event-driven metrics: their panels may show nothing on
+    a healthy node, but must still evaluate."""
     read = names_in(expr) - JOIN
-    return bool(read) and read <= EVENT_DRIVEN | awaited()
+    return bool(read) and read <= EVENT_DRIVEN
 
 
 @pytest.mark.timeout(120)
