@@ -1,8 +1,10 @@
 """The simulation scenario file: its dataclasses, parser and validator.
 
 A scenario describes a simulated node for the ``sim`` backend and pod view:
-its GPUs, the pods on it, which processes run on which GPU, and faults to
-inject, each optionally limited to a range of reconcile cycles. The format is
+its GPUs, the pods on it, which processes run on which GPU, faults to inject
+into backend calls, and faults of the devices themselves (``device_faults``,
+parsed by :mod:`agent.scenario_devices`), each optionally limited to a range of
+reconcile cycles. The format is
 YAML (JSON is valid YAML) and is documented in ``docs/scenario.md``.
 
 Validation is strict: unknown keys, wrong types, out-of-range numbers,
@@ -27,10 +29,12 @@ import yaml
 
 from agent import yamlsource
 from agent.attribution import canonical_pod_uid
+from agent.cycles import ALWAYS, CycleRange
 from agent.errors import ScenarioError
 from agent.gpus import GpuErrorClass
 from agent.pods import PodInfo, PodRef
 from agent.proctree import CgroupLayout, QosClass
+from agent.scenario_devices import DeviceFaultSpec, parse_device_faults
 from agent.yamlsource import Position, join
 
 _E = TypeVar("_E", bound=Enum)
@@ -55,34 +59,6 @@ class FaultOp(str, Enum):
     @property
     def per_gpu(self) -> bool:
         return self not in (FaultOp.DEVICE_COUNT, FaultOp.POD_VIEW)
-
-
-@dataclass(frozen=True, kw_only=True)
-class CycleRange:
-    """Inclusive range of cycle numbers; ``last`` None means forever.
-
-    Cycles are numbered from 1 (the reconcile loop's sequence). Cycle 0 is the
-    time before the first cycle begins (agent start-up); only the default range
-    (:data:`ALWAYS`, used when a file gives no ``cycles``) includes it.
-    """
-
-    first: int = 0
-    last: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.first < 0 or (self.last is not None and self.last < self.first):
-            raise ValueError(f"invalid cycle range first={self.first} last={self.last}")
-
-    def contains(self, cycle: int) -> bool:
-        return self.first <= cycle and (self.last is None or cycle <= self.last)
-
-    def overlaps(self, other: CycleRange) -> bool:
-        return (other.last is None or self.first <= other.last) and (
-            self.last is None or other.first <= self.last
-        )
-
-
-ALWAYS = CycleRange()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +140,7 @@ class Scenario:
     pods: tuple[PodSpec, ...] = ()
     processes: tuple[ProcessSpec, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
+    device_faults: tuple[DeviceFaultSpec, ...] = ()  # see agent.scenario_devices
     interval_seconds: float | None = None  # a hint for the demo's --interval
     description: str = ""
     source: str = ""  # where it was loaded from, for messages
@@ -320,7 +297,14 @@ class _Parser:
     def scenario(self, data: object) -> Scenario:
         if data is None:
             self.fail("scenario", "the document is empty")
-        optional = ("pods", "processes", "faults", "interval_seconds", "description")
+        optional = (
+            "pods",
+            "processes",
+            "faults",
+            "device_faults",
+            "interval_seconds",
+            "description",
+        )
         raw = self.mapping(data, "", ("node_name", "safe_default_watts", "gpus"), optional)
         gpus = self.gpus(raw["gpus"])
         pods = self.pods(raw.get("pods", []))
@@ -333,6 +317,9 @@ class _Parser:
             faults=tuple(
                 self.fault(item, f"faults[{i}]", gpus)
                 for i, item in enumerate(self.sequence(raw.get("faults", []), "faults"))
+            ),
+            device_faults=parse_device_faults(
+                self, raw.get("device_faults", []), gpu_count=len(gpus)
             ),
             interval_seconds=self.opt(raw, "interval_seconds", "", self.seconds, None),
             description=self.opt(raw, "description", "", self.of(str, "a string"), ""),

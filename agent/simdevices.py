@@ -4,7 +4,8 @@
 holds the other half: limits, processes, pods, call faults). It answers the
 backend's :meth:`~agent.gpus.GpuBackend.readings` and queues device events the
 way NVML's event set would, and tests and scenarios change it with a few
-methods (:meth:`queue_xid`, :meth:`ecc_error`, :meth:`lose`, ...).
+methods (:meth:`queue_xid`, :meth:`ecc_error`, :meth:`lose`, ...); a scenario's
+``device_faults`` call the same methods as their cycles begin (``agent.simfaults``).
 
 Power follows a simple, deterministic model that shows what capping does: an
 idle GPU draws a tenth of its default limit; a busy one wants 90 % of its
@@ -98,6 +99,11 @@ class SimDevices:
         """Reads that fail with an error other than "not supported"."""
         names = _checked(reads)
         self._change(index, lambda s: replace(s, failing=names))
+
+    def set_older_part(self, index: int, older: bool) -> None:
+        """An older part retires pages instead of remapping rows: its row-remap reads are
+        not available, and a pending remap reads as pages pending retirement."""
+        self._change(index, lambda s: replace(s, retired_pages=older))
 
     # --- reads ------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ faults); :class:`SimGpuBackend` and :class:`SimPodView` implement the agent's
 :class:`~agent.gpus.GpuBackend` and :class:`~agent.pods.PodView` over it. The
 world is also a cycle listener: the reconcile loop calls
 :meth:`SimWorld.begin_cycle` at the start of every cycle, which is what
-scenario ``cycles`` ranges are counted in, and :meth:`SimWorld.interrupt` at
+scenario ``cycles`` ranges are counted in (and when the scenario's device faults
+start, fire and end: ``agent.simfaults``), and :meth:`SimWorld.interrupt` at
 shutdown, which cuts every simulated hang short.
 
 Everything is deterministic: the same scenario and the same call sequence give
@@ -41,6 +42,7 @@ from agent.pods import PodSnapshot
 from agent.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text, materialise
 from agent.scenario import FaultOp, FaultSpec, GpuSpec, PodSpec, ProcessSpec, Scenario
 from agent.simdevices import SimDevices
+from agent.simfaults import DeviceFaultSchedule
 from agent.simlimits import PersistentLimits
 from agent.telemetry import Readings
 
@@ -97,6 +99,10 @@ class SimWorld:
         }
         self._proc_root: Path | None = None
         self.devices = SimDevices(count=len(scenario.gpus))  # their own health and telemetry
+        self._device_faults = DeviceFaultSchedule(
+            scenario.device_faults, devices=self.devices, uuids=[g.uuid for g in scenario.gpus]
+        )
+        self._device_faults.hold(0)  # start-up is cycle 0: faults without cycles hold already
 
     @property
     def scenario(self) -> Scenario:
@@ -116,12 +122,14 @@ class SimWorld:
     # --- cycle listener ------------------------------------------------------------------
 
     def begin_cycle(self, sequence: int) -> None:
-        """Make ``sequence`` the current cycle (the loop calls this as each cycle starts)."""
+        """Make ``sequence`` the current cycle (the loop calls this as each cycle starts),
+        and apply the scenario's device faults for it (agent.simfaults)."""
         if sequence < 0:
             raise ValueError(f"cycle sequence must be >= 0, got {sequence}")
         with self._lock:
             self._cycle = sequence
             self._generation += 1
+        self._device_faults.begin_cycle(sequence)
         log.debug("sim cycle begins cycle=%d", sequence)
 
     def interrupt(self) -> None:

@@ -42,26 +42,24 @@ def demo(*argv: str, env: dict[str, str] | None = None, timeout: float = 60):
 def test_demo_tells_the_whole_story_and_leaves_no_state_behind(tmp_path: Path):
     """Off a terminal: the first cycle's table, then only the cycles that changed
     something, and /readyz going 503 -> 200 -> 503 -> 200 as the built-in scenario's write
-    fault comes and goes; caps restored at the end, and its temporary state directory
-    (and simulated /proc) removed."""
+    fault comes and goes, then 503 -> 200 as its GPU 4 is lost and answers again; caps
+    restored at the end, and its temporary state directory (and simulated /proc) removed."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     env.pop("COLUMNS", None)
-    proc = demo("--cycles", "9", "--interval", "0.5", *FREE_PORTS, env=env)
+    proc = demo("--cycles", "17", "--interval", "0.5", *FREE_PORTS, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     out = proc.stdout
     assert "capwatch watch --target 127.0.0.1:" in out
     headings = [line.split()[1] for line in out.splitlines() if line.startswith("cycle ")]
-    # 1: all; 3: the batch pod arrives; 4: the write fails; 7: it recovers; 9: the pod left
-    assert headings == ["1", "3", "4", "7", "9"], out
+    # 1: all; 3: the batch pod arrives; 4: the write fails; 7: it recovers; 9: the pod
+    # left, its GPU released; 10: that GPU idle; 12: GPU 4 lost; 15: GPU 4 back
+    assert headings == ["1", "3", "4", "7", "9", "10", "12", "15"], out
     answers = [line.split(":")[0] for line in out.splitlines() if line.startswith(">>>")]
-    assert answers == [
-        ">>> /readyz 503",
-        ">>> /readyz 200",
-        ">>> /readyz 503",
-        ">>> /readyz 200",
-    ], out
+    assert answers == [">>> /readyz 503", ">>> /readyz 200"] * 3, out
     assert "cycle-failed: gpu0:write_failed" in out
+    assert "cycle-failed: gpu4:uuid_read_failed" in out
+    assert "uuid_read_failed:gpu_is_lost" in out
     assert out.rstrip().endswith("stopped: default power limit restored on 4 GPU(s)")
     assert list(tmp_path.iterdir()) == []
 

@@ -24,6 +24,7 @@ from agent.scenario import (
     load_scenario,
     parse_scenario,
 )
+from agent.scenario_devices import DeviceFaultKind
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "scenario.md"
 KEY = "capwatch.io/gpu-power-limit"
@@ -81,7 +82,8 @@ def test_the_base_document_is_valid_and_parses_every_field() -> None:
 
 
 def test_default_scenario_is_the_documented_demo() -> None:
-    """The built-in scenario parses and contains each story the demo promises."""
+    """The built-in scenario parses and contains each story the demo promises, the lost
+    GPU's included."""
     s = default_scenario()
     assert s.node_name == "sim-node-0"
     assert s.safe_default_watts == 300
@@ -106,6 +108,13 @@ def test_default_scenario_is_the_documented_demo() -> None:
         GpuErrorClass.NO_PERMISSION,
         CycleRange(first=4, last=6),
     )
+    (device_fault,) = s.device_faults  # GPU 4 is lost for three cycles, then answers again
+    assert (device_fault.kind, device_fault.gpu, device_fault.cycles) == (
+        DeviceFaultKind.LOST,
+        4,
+        CycleRange(first=12, last=14),
+    )
+    assert 4 not in busy, "the lost GPU is the idle one: nothing of the other stories changes"
 
 
 def test_docs_example_is_a_valid_scenario() -> None:

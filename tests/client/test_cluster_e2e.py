@@ -22,12 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
 SCENARIO = ROOT / "agent" / "scenarios" / "default.yaml"
 DEFAULT_FAULT = "cycles: {from: 4, to: 6}}"
+DEVICE_FAULTS = "\ndevice_faults:\n"  # the file's last section
 
 
 def scenario(tmp_path: Path, name: str, *, fault: tuple[int, int]) -> Path:
     """The built-in scenario with GPU 0's write refused in cycles ``fault`` (the default's
-    4-6 would be over before a controller started after the agent sees it)."""
-    text = SCENARIO.read_text()
+    4-6 would be over before a controller started after the agent sees it), and without
+    its device faults (GPU 4's loss would fail gpu-b, which must stay True)."""
+    text, found, _ = SCENARIO.read_text().partition(DEVICE_FAULTS)
+    assert found
     assert DEFAULT_FAULT in text
     path = tmp_path / f"{name}.yaml"
     path.write_text(text.replace(DEFAULT_FAULT, f"cycles: {{from: {fault[0]}, to: {fault[1]}}}}}"))
