@@ -209,6 +209,13 @@ class FaultTracker:
         self._judge_readings(known, readings)
         return self._recover(known)
 
+    def active(self, uuid: str) -> tuple[Fault, ...]:
+        """The faults the device ``uuid`` had at its last :meth:`observe` (none if unknown)."""
+        gpu = self._gpus.get(uuid)
+        if gpu is None:
+            return ()
+        return tuple(sorted(gpu.active.values(), key=lambda f: (f.kind.value, f.code)))
+
     def _judge_readings(self, uuid: str, readings: Readings) -> None:
         gpu = self._gpu(uuid)
         count = readings.ecc_uncorrected_volatile
@@ -229,7 +236,7 @@ class FaultTracker:
         for key in [k for k in gpu.active if k[0].recovers_when_quiet]:
             if now - gpu.seen_at[key] >= self._recovery_s:
                 del gpu.active[key], gpu.seen_at[key]
-        return tuple(sorted(gpu.active.values(), key=lambda f: (f.kind.value, f.code)))
+        return self.active(uuid)
 
     def _gpu(self, uuid: str) -> _GpuFaults:
         gpu = self._gpus.get(uuid)

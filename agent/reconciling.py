@@ -218,6 +218,9 @@ class Reconciler:
                         reason=Reason.RELEASE_DEFERRED,
                         message="GPU capped by this agent is not visible; its cap was not released",
                         owners=record.owners,
+                        # A lost GPU's fault must survive this result: it comes after its
+                        # failed step in the cycle, and the device table keeps the last.
+                        faults=self._faults.active(record.uuid),
                     )
                 )
         if all_idle_released:

@@ -11,6 +11,7 @@ import pytest
 from agent.attribution import Attributor
 from agent.capping import DEFAULT_ANNOTATION_KEY
 from agent.clock import FakeClock
+from agent.devices import fold, inventory
 from agent.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, FaultKind
 from agent.gpus import GpuErrorClass
 from agent.ownership import OwnershipStore
@@ -271,3 +272,23 @@ def test_the_builtin_scenario_loses_gpu_4_in_cycles_12_to_14_and_gets_it_back(
     back = reports[14].gpus[4]
     assert (back.outcome, back.uuid, back.healthy) == (Outcome.IDLE, s.gpus[4].uuid, True)
     assert all(g.healthy for r in reports[14:] for g in r.gpus)
+
+
+def test_a_lost_capped_gpu_keeps_its_fault_in_the_device_table(tmp_path: Path) -> None:
+    """A capped GPU that is lost gets two results in a cycle (its failed step, then the
+    deferred release of its cap); both carry gpu_lost, so the device table, which keeps
+    the last, still shows the fault, and it clears when the GPU answers again."""
+    node = Node(tmp_path, scenario({"kind": "lost", "gpu": 0, "cycles": {"from": 2, "to": 3}}))
+    table = inventory({0: None, 1: None}, wall=0.0)
+    table = fold(table, node.cycle())
+    report = node.cycle()
+    results = [g for g in report.gpus if g.index == 0]
+    assert [g.reason for g in results] == [Reason.UUID_READ_FAILED, Reason.RELEASE_DEFERRED]
+    assert all(kinds(g) == [(FaultKind.GPU_LOST, 0)] for g in results)
+    table = fold(table, report)
+    assert table[0].result is not None
+    assert kinds(table[0].result) == [(FaultKind.GPU_LOST, 0)]
+    node.cycle()
+    table = fold(table, node.cycle())
+    assert table[0].result is not None
+    assert table[0].result.healthy
