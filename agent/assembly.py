@@ -95,6 +95,14 @@ def _assemble(
     status = store.load()
     if status is LoadStatus.LOADED:
         log.info("ownership record loaded gpus=%d path=%s", len(store.records()), store.path)
+    uuids = _uuids(parts.backend, count)
+    faults = FaultTracker(
+        policy=settings.xid_policy,
+        recovery_s=settings.fault_recovery_s,
+        wall=clock.wall,
+        monotonic=clock.monotonic,
+    )
+    faults.identified(uuids)  # a GPU lost before its first cycle is still known
     reconciler = Reconciler(
         backend=parts.backend,
         pods=parts.pods,
@@ -109,17 +117,12 @@ def _assemble(
         release_unowned_idle=status is LoadStatus.UNREADABLE,
         listeners=parts.listeners,
         forget=ForgetRequests(settings.state_dir),
-        faults=FaultTracker(
-            policy=settings.xid_policy,
-            recovery_s=settings.fault_recovery_s,
-            wall=clock.wall,
-            monotonic=clock.monotonic,
-        ),
+        faults=faults,
     )
     hub = Hub(
         clock=clock,
         stale_after_s=settings.stale_after_s,
-        devices=inventory(_uuids(parts.backend, count), wall=clock.wall()),
+        devices=inventory(uuids, wall=clock.wall()),
     )
     cycle_thread = CycleThread()
     loop = AgentLoop(

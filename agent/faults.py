@@ -39,7 +39,7 @@ what readiness reports.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -165,6 +165,12 @@ class FaultTracker:
     @property
     def policy(self) -> XidPolicy:
         return self._policy
+
+    def identified(self, uuids: Mapping[int, str | None]) -> None:
+        """UUIDs read outside a cycle (the agent's start-up inventory), by index."""
+        for index, uuid in uuids.items():
+            if uuid is not None:
+                self._uuid_at[index] = uuid
 
     def take_events(self, events: Iterable[DeviceEvent]) -> None:
         for event in events:

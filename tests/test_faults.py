@@ -237,3 +237,14 @@ def test_bad_xid_lists_are_one_clear_error(text: str):
     """Anything but XID numbers (1 to 2^32-1) is a ConfigError naming the flag and the item."""
     with pytest.raises(ConfigError, match=r"--xid-fatal: .* is not an XID number"):
         parse_xids(text, option="--xid-fatal", allow_all=False)
+
+
+def test_a_gpu_lost_before_its_first_cycle_is_known_from_the_inventory(clock: Clock):
+    """The UUIDs read at start-up identify the GPUs, so one lost before any cycle read it
+    still gets its gpu_lost fault (and the XIDs without a UUID find it)."""
+    t = tracker(clock)
+    t.identified({0: UUID, 1: None})
+    assert kinds(observe(t, uuid=None, error=GpuErrorClass.GPU_IS_LOST, uuid_failed=True)) == [
+        ("gpu_lost", 0)
+    ]
+    assert observe(t, uuid=None, index=1, error=GpuErrorClass.GPU_IS_LOST, uuid_failed=True) == ()
