@@ -81,7 +81,9 @@ def churn(*, gpus: int = 8, pods: int = 110, cycles: int = 330) -> Churn:
         max_subscribers=10,
     )
     metrics = Metrics(publication=publication, version="churn")
-    refs = [PodRef(namespace=f"team-{p % 11}", name=f"job-{p}", uid=f"uid-{p}") for p in range(pods)]
+    refs = [
+        PodRef(namespace=f"team-{p % 11}", name=f"job-{p}", uid=f"uid-{p}") for p in range(pods)
+    ]
 
     def scrape() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         return samples(generate_latest(metrics.registry).decode())
