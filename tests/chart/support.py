@@ -32,6 +32,7 @@ VARIANTS: Mapping[str, tuple[str, ...]] = {
     "metrics-off": ("-f", str(CHART / "ci" / "metrics-off-values.yaml")),
     "tls-netpol": ("-f", str(CHART / "ci" / "tls-netpol-values.yaml")),
     "controller-tls": ("-f", str(CHART / "ci" / "controller-tls-values.yaml")),
+    "alerts": ("-f", str(CHART / "ci" / "alerts-values.yaml")),
 }
 
 
