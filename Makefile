@@ -73,6 +73,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/crash.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/controller.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cap_series.py
 
 # The simulated 5,000-node cluster alone (about five minutes: pools, API server, controller).
 bench-cluster: setup
