@@ -78,6 +78,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/crash.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/controller.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cap_series.py
 	$(BIN)/python bench/plot.py
 
 # PNG charts of the figures in bench/results/ (bench/README.md links them).

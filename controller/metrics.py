@@ -5,8 +5,10 @@ transitions, and the detection latency -- from the end of the agent cycle
 that changed a node's condition (placed on this process's monotonic clock by
 the age the agent reported) to the successful write of that condition. Read
 at scrape time: nodes by condition status, streams by state, whether this
-replica leads its shard. Every series that can be known up front exists from
-the start at zero.
+replica leads its shard, and each node's current condition (one series per
+node of the shard, so the count is bounded by the shard's nodes and a node
+that leaves the shard is gone from the next scrape). Every series that can be
+known up front exists from the start at zero.
 """
 
 from __future__ import annotations
@@ -142,15 +144,23 @@ class _Scrape(Collector):
             "1 while this replica holds its shard's Lease (or runs without one), else 0.",
             labels=["shard"],
         )
-        families: list[Metric] = [info, nodes, streams, leader]
+        condition = GaugeMetricFamily(
+            "capwatch_controller_node_condition",
+            "1 for each node of this shard, labelled with its GPUPowerCapEnforced status "
+            "and reason as derived now.",
+            labels=["node", "status", "reason"],
+        )
+        families: list[Metric] = [info, nodes, streams, leader, condition]
         if not populated:
             return families
         info.add_metric([], self._info)
         by_status = dict.fromkeys(ConditionStatus, 0)
         by_link = dict.fromkeys(AgentLink, 0)
-        for state in self._states().values():
+        for node, state in sorted(self._states().items()):
             by_status[state.condition.status] += 1
             by_link[state.observation.link] += 1
+            status = state.condition.status.value.lower()
+            condition.add_metric([node, status, state.condition.reason.value], 1.0)
         for status, count in by_status.items():
             nodes.add_metric([status.value.lower()], float(count))
         for link, count in by_link.items():

@@ -19,6 +19,10 @@ Semantics a dashboard needs to know:
   before its first cycle, and after an idle or released step (its default
   limit is in force). A failed step keeps the last value: a failed write
   changes nothing we know of.
+- The cap gauges name the step's owner pod (``namespace``, ``pod``) when it
+  has exactly one, else both are empty. A GPU has one series per gauge at any
+  time: a new owner replaces the labels, so the old series is gone from the
+  next scrape and the count stays at one per GPU however many pods pass.
 - A cycle counts as ``enforced`` exactly when the readiness rule says so;
   ``aborted`` when it stopped before reaching the GPUs; ``failed`` otherwise.
 """
@@ -52,6 +56,7 @@ from prometheus_client.registry import Collector
 from agent.gpus import GpuErrorClass
 from agent.ownership import UNSAVED_CYCLES_LIMIT
 from agent.podevents import EventCounts
+from agent.pods import PodRef
 from agent.reports import (
     CapSource,
     ClampDirection,
@@ -100,25 +105,38 @@ class GpuCaps:
     uuid: str | None
     resolved_watts: int | None = None
     applied_watts: int | None = None
+    # The step's one owner pod; None with no owner or several (empty labels).
+    owner: PodRef | None = None
+
+
+def sole_owner(result: GpuResult) -> PodRef | None:
+    return result.owners[0] if len(result.owners) == 1 else None
 
 
 def next_caps(previous: GpuCaps | None, result: GpuResult) -> GpuCaps:
     """The gauges after one GPU step; see the module docstring for the rule."""
     uuid = result.uuid or (previous.uuid if previous else None)
+    owner = sole_owner(result)
     if result.outcome is Outcome.ENFORCED:
         return GpuCaps(
-            uuid=uuid, resolved_watts=result.resolved_watts, applied_watts=result.applied_watts
+            uuid=uuid,
+            resolved_watts=result.resolved_watts,
+            applied_watts=result.applied_watts,
+            owner=owner,
         )
     if result.outcome is not Outcome.FAILED:  # idle or released: no capwatch cap in force
         return GpuCaps(uuid=uuid)
     if previous is None or previous.uuid != uuid:  # another GPU at this index: nothing known
-        return GpuCaps(uuid=uuid, resolved_watts=result.resolved_watts)
+        return GpuCaps(uuid=uuid, resolved_watts=result.resolved_watts, owner=owner)
+    if result.resolved_watts is None and not result.owners:  # failed before it knew anything
+        return dataclasses.replace(previous, uuid=uuid)
     return GpuCaps(
         uuid=uuid,
         resolved_watts=result.resolved_watts
         if result.resolved_watts is not None
         else previous.resolved_watts,
         applied_watts=previous.applied_watts,
+        owner=owner,
     )
 
 
@@ -350,7 +368,7 @@ class _ScrapeCollector(Collector):
             "capwatch_grpc_malformed_requests",
             "gRPC requests refused with INVALID_ARGUMENT because their bytes did not parse.",
         )
-        labels = ["gpu", "uuid"]
+        labels = ["gpu", "uuid", "namespace", "pod"]
         resolved = GaugeMetricFamily(
             "capwatch_gpu_resolved_cap_watts",
             "Cap the policy resolved for the GPU (NaN while capwatch holds none).",
@@ -404,7 +422,13 @@ class _ScrapeCollector(Collector):
             refusals.add_metric([reason.value], float(count))
         malformed.add_metric([], float(self._malformed_requests()))
         for index, caps in sorted(self._caps().items()):
-            values = [str(index), caps.uuid or ""]
+            owner = caps.owner
+            values = [
+                str(index),
+                caps.uuid or "",
+                owner.namespace if owner else "",
+                owner.name if owner else "",
+            ]
             resolved.add_metric(values, _watts(caps.resolved_watts))
             applied.add_metric(values, _watts(caps.applied_watts))
         return families

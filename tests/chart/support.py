@@ -33,6 +33,7 @@ VARIANTS: Mapping[str, tuple[str, ...]] = {
     "tls-netpol": ("-f", str(CHART / "ci" / "tls-netpol-values.yaml")),
     "controller-tls": ("-f", str(CHART / "ci" / "controller-tls-values.yaml")),
     "grafana-dashboard": ("-f", str(CHART / "ci" / "grafana-dashboard-values.yaml")),
+    "alerts": ("-f", str(CHART / "ci" / "alerts-values.yaml")),
 }
 
 

@@ -21,9 +21,15 @@ from tests.chart.support import CHART, VARIANTS, Manifests
 
 KUBE_VERSIONS = ("1.32.0", "1.37.0")
 # CRD kinds: kubernetes-validate has schemas for built-in kinds only, and the
-# Prometheus Operator's CRD schema is not available offline. These are skipped
+# Prometheus Operator's CRD schemas are not available offline. These are skipped
 # (and test_crd_kinds_have_no_offline_schema proves the skip hides nothing).
-NO_OFFLINE_SCHEMA = frozenset({("monitoring.coreos.com/v1", "ServiceMonitor")})
+NO_OFFLINE_SCHEMA = frozenset(
+    {
+        ("monitoring.coreos.com/v1", "ServiceMonitor"),
+        # Its rules are checked by promtool instead (tests/chart/test_prometheusrule.py).
+        ("monitoring.coreos.com/v1", "PrometheusRule"),
+    }
+)
 
 
 def _validate(obj: dict[str, Any], version: str) -> None:

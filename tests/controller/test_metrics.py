@@ -102,3 +102,31 @@ def test_docs_list_every_controller_family_with_its_type_and_labels():
         "state",
         *(link.value for link in AgentLink),
     }
+
+
+def test_each_node_has_one_condition_series_until_it_leaves_the_shard():
+    """capwatch_controller_node_condition is 1 for each tracked node with its current status
+    and reason; a changed condition replaces the node's series, and a node no longer tracked
+    (it left the shard) has none."""
+    states = {
+        "a": _state("a", AgentLink.MISSING),
+        "b": _state("b", AgentLink.UNREACHABLE),
+    }
+    metrics = _metrics(states)
+
+    def conditions() -> dict[tuple[tuple[str, str], ...], float]:
+        return {
+            labels: v
+            for (name, labels), v in _scrape(metrics).items()
+            if name == "capwatch_controller_node_condition"
+        }
+
+    assert conditions() == {
+        (("node", "a"), ("reason", "AgentMissing"), ("status", "unknown")): 1.0,
+        (("node", "b"), ("reason", "AgentUnreachable"), ("status", "unknown")): 1.0,
+    }
+    states["a"] = _state("a", AgentLink.CONNECTING)
+    del states["b"]
+    (only,) = conditions()
+    assert dict(only)["node"] == "a"
+    assert dict(only)["reason"] != "AgentMissing"

@@ -105,7 +105,8 @@ async def test_every_known_series_exists_at_zero_before_any_cycle(followed: Foll
     for name in ("capwatch_gpu_resolved_cap_watts", "capwatch_gpu_applied_cap_watts"):
         gauges = series_of(found, name)
         assert set(gauges) == {
-            frozenset({("gpu", str(i)), ("uuid", u)}) for i, u in enumerate(UUIDS)
+            frozenset({("gpu", str(i)), ("uuid", u), ("namespace", ""), ("pod", "")})
+            for i, u in enumerate(UUIDS)
         }
         assert all(math.isnan(v) for v in gauges.values())
     assert not any(name.endswith("_created") for name, _ in found)
@@ -189,7 +190,8 @@ async def test_cap_gauges_hold_the_cap_capwatch_has_in_force(followed: Followed)
 
     async def caps(index: int) -> tuple[float, float]:
         found = await followed.settle()
-        labels = {"gpu": str(index), "uuid": UUIDS[index]}
+        gauges = series_of(found, "capwatch_gpu_resolved_cap_watts")
+        (labels,) = [dict(k) for k in gauges if ("gpu", str(index)) in k]
         return (
             value(found, "capwatch_gpu_resolved_cap_watts", **labels),
             value(found, "capwatch_gpu_applied_cap_watts", **labels),
@@ -235,7 +237,10 @@ async def test_a_gpu_first_seen_later_gets_its_series_at_zero(followed: Followed
     found = await followed.settle()
     assert value(found, "capwatch_apply_failures_total", gpu="7", reason="write_failed") == 0.0
     assert value(found, "capwatch_gpu_errors_total", gpu="7", error_class="timeout") == 0.0
-    assert math.isnan(value(found, "capwatch_gpu_applied_cap_watts", gpu="7", uuid="GPU-77"))
+    applied = value(
+        found, "capwatch_gpu_applied_cap_watts", gpu="7", uuid="GPU-77", namespace="", pod=""
+    )
+    assert math.isnan(applied)
 
 
 async def test_a_reader_behind_the_ring_resyncs_from_the_latest():
