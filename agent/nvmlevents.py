@@ -99,7 +99,10 @@ class _RateLimitedLog:
             self._held += 1
             return
         held, self._held, self._last = self._held, 0, now
-        log.warning(message + " (similar since the last: %d)", *args, held)
+        if held:
+            log.warning(message + " (%d more since the last such warning)", *args, held)
+        else:
+            log.warning(message, *args)
 
 
 class EventWatch:
