@@ -47,6 +47,12 @@ def event_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
 
+def delivered(fake_nvml: FakeNvml, timeout: float = 5.0) -> None:
+    """Wait until every queued event was taken and the event thread is back in its wait,
+    i.e. done adding the last one to the accumulator."""
+    until(lambda: fake_nvml.pending_events() == 0 and fake_nvml.event_waiters() == 1, timeout)
+
+
 def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -79,8 +85,7 @@ def test_every_device_registered_for_xid_and_dbe(
 def test_xid_events_reach_drain_aggregated(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:
     """Three XID 79 events on GPU 1 drain as one entry with index, UUID, code and count 3."""
     fake_nvml.queue_xid(1, 79, count=3)
-    until(lambda: fake_nvml.pending_events() == 0)
-    time.sleep(0.05)  # the last one may still be between the wait and the accumulator
+    delivered(fake_nvml)
     events = nvml_backend.drain_events() + nvml_backend.drain_events()
     assert len(events) == 1
     (event,) = events
@@ -139,8 +144,7 @@ def test_flood_is_one_entry_and_drains_fast(fake_nvml: FakeNvml, nvml_backend: N
     """10,000 XIDs of one code between drains are one entry with the full count, never
     10,000 objects, and draining it is quick."""
     assert fake_nvml.queue_xid(0, 31, count=10_000) == 10_000
-    until(lambda: fake_nvml.pending_events() == 0, timeout=30)
-    time.sleep(0.05)
+    delivered(fake_nvml, timeout=30)
     start = time.perf_counter()
     events = nvml_backend.drain_events()
     drained_in = time.perf_counter() - start
@@ -159,8 +163,7 @@ def test_distinct_codes_stay_within_the_key_bound(
     extra = 200
     for code in range(EVENT_KEYS_LIMIT + extra):
         fake_nvml.queue_xid(1, code)
-    until(lambda: fake_nvml.pending_events() == 0, timeout=30)
-    time.sleep(0.05)
+    delivered(fake_nvml, timeout=30)
     with caplog.at_level(logging.WARNING, logger="agent.telemetry"):
         start = time.perf_counter()
         events = nvml_backend.drain_events()
