@@ -11,13 +11,18 @@ before writing and refuses to write if it is not the UUID the caller read at
 the start of its step. A write is reported ``OK`` only when the NVML call
 itself returned ``NVML_SUCCESS`` (``pynvml``'s wrappers raise for every other
 return code); there is no post-write readback.
+
+XID and double-bit ECC events come from an NVML event set drained by a thread
+(:mod:`agent.nvmlevents`, which gets its NVML calls from here).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -25,7 +30,15 @@ import pynvml  # noqa: TID251 - the one module allowed to import it
 
 from agent.errors import BackendUnavailable
 from agent.gpus import GpuError, GpuErrorClass, PowerConstraints, WriteOutcome, WriteResult
-from agent.telemetry import NO_READINGS, DeviceEvent, EventAccumulator, Readings, ThrottleReason
+from agent.nvmlevents import WAIT_MS, EventWatch, RawEvent
+from agent.telemetry import (
+    NO_READINGS,
+    DeviceEvent,
+    DeviceEventKind,
+    EventAccumulator,
+    Readings,
+    ThrottleReason,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -108,15 +121,73 @@ def _failure(exc: BaseException) -> tuple[GpuErrorClass, int | None, str]:
     return GpuErrorClass.UNKNOWN, None, f"{type(exc).__name__}: {exc}"
 
 
+def _checked(op: str, call: Callable[[], _T]) -> _T:
+    """``call()``, with any failure raised as a classified GpuError naming ``op``."""
+    try:
+        return call()
+    except Exception as exc:
+        error_class, code, text = _failure(exc)
+        raise GpuError(
+            f"{op} failed: error_class={error_class.value} {text}",
+            error_class=error_class,
+            code=code,
+        ) from exc
+
+
+_WATCHED = {
+    DeviceEventKind.XID: int(pynvml.nvmlEventTypeXidCriticalError),
+    DeviceEventKind.ECC_DOUBLE_BIT: int(pynvml.nvmlEventTypeDoubleBitEccError),
+}
+
+
+class _EventCalls:
+    """:class:`~agent.nvmlevents.EventCalls` on one NVML event set."""
+
+    def __init__(self, event_set: Any) -> None:
+        self._set = event_set
+
+    def supported_types(self, handle: Any) -> int:
+        return _checked(
+            "supported event types", lambda: int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
+        )
+
+    def register(self, handle: Any, event_types: int) -> None:
+        _checked(
+            "register events",
+            lambda: pynvml.nvmlDeviceRegisterEvents(handle, event_types, self._set),
+        )
+
+    def wait(self, timeout_ms: int) -> RawEvent:
+        data = _checked("event wait", lambda: pynvml.nvmlEventSetWait_v2(self._set, timeout_ms))
+        return RawEvent(
+            event_type=int(data.eventType), data=int(data.eventData), handle=data.device
+        )
+
+    def index_of(self, handle: Any) -> int:
+        return _checked("event device index", lambda: int(pynvml.nvmlDeviceGetIndex(handle)))
+
+    def uuid_of(self, handle: Any) -> str:
+        return _checked("event device uuid", lambda: uuid_text(pynvml.nvmlDeviceGetUUID(handle)))
+
+    def key_of(self, handle: Any) -> int | None:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+
+    def free(self) -> None:
+        _checked("event set free", lambda: pynvml.nvmlEventSetFree(self._set))
+
+
 class NvmlBackend:
     """:class:`~agent.gpus.GpuBackend` over NVML. Construction calls ``nvmlInit``.
 
     Safe to use from several threads (the cycle thread and a shutdown restore):
     NVML is thread-safe, and the lock here guards only this object's own
     closed flag, never an NVML call, so a hung call blocks only its caller.
+    Every device is registered for events after init (no event set: logged,
+    the backend works without events); see :mod:`agent.nvmlevents`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, event_wait_ms: int = WAIT_MS) -> None:
+        self._event_wait_ms = event_wait_ms  # one event wait; close() stops the thread in ~this
         self._lock = threading.Lock()
         self._closed = False
         self._events = EventAccumulator()
@@ -128,11 +199,12 @@ class NvmlBackend:
                 f"NVML initialisation failed: error_class={error_class.value} code={code} {text}"
             ) from exc
         _log.info("nvml initialised")
+        self._watch = self._start_events()
 
     @classmethod
-    def open(cls) -> NvmlBackend:
+    def open(cls, *, event_wait_ms: int = WAIT_MS) -> NvmlBackend:
         """Load and initialise NVML. Raises BackendUnavailable."""
-        return cls()
+        return cls(event_wait_ms=event_wait_ms)
 
     def __enter__(self) -> NvmlBackend:
         return self
@@ -144,6 +216,28 @@ class NvmlBackend:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    def _start_events(self) -> EventWatch | None:
+        try:
+            calls = _EventCalls(_checked("event set create", pynvml.nvmlEventSetCreate))
+        except GpuError as exc:
+            _log.warning("nvml device events unavailable: %s", exc)
+            return None
+        try:
+            count = _checked("device count", lambda: int(pynvml.nvmlDeviceGetCount()))
+        except GpuError as exc:  # the devices get registered from readings()
+            _log.warning("nvml events: %s", exc)
+            count = 0
+        watch = EventWatch(calls, self._events, watched=_WATCHED, wait_ms=self._event_wait_ms)
+        for index in range(count):
+            try:
+                handle = _checked(f"handle index={index}", partial(self._handle, index))
+            except GpuError as exc:  # retried from readings()
+                _log.warning("nvml events not registered: %s", exc)
+                continue
+            watch.register(index, handle)
+        watch.start()
+        return watch
 
     # -- reads ------------------------------------------------------------
 
@@ -181,6 +275,8 @@ class NvmlBackend:
         except Exception as exc:  # noqa: BLE001 - becomes "nothing read"
             error_class, _, _ = _failure(exc)
             return Readings(failed_reads=_READS, lost=error_class is GpuErrorClass.GPU_IS_LOST)
+        if self._watch is not None:
+            self._watch.register(index, handle)  # a device that appeared since init
         failed: list[str] = []
         lost = False
 
@@ -263,6 +359,8 @@ class NvmlBackend:
             if self._closed:
                 return
             self._closed = True
+        if self._watch is not None:
+            self._watch.close()  # stops its thread first, then frees the set
         try:
             pynvml.nvmlShutdown()
         except Exception as exc:  # noqa: BLE001 - shutdown failures are logged, never raised
@@ -294,15 +392,7 @@ class NvmlBackend:
                 f"{op} index={index}: NVML backend is closed",
                 error_class=GpuErrorClass.UNINITIALIZED,
             )
-        try:
-            return call()
-        except Exception as exc:
-            error_class, code, text = _failure(exc)
-            raise GpuError(
-                f"{op} index={index} failed: error_class={error_class.value} {text}",
-                error_class=error_class,
-                code=code,
-            ) from exc
+        return _checked(f"{op} index={index}", call)
 
     def _write(self, op: str, index: int, uuid: str, target: Callable[[Any], int]) -> WriteResult:
         if self._is_closed():

@@ -131,6 +131,7 @@ class NvmlRig:
 
     def __init__(self, fake: FakeNvml, proc_root: Path) -> None:
         from agent.nvml import NvmlBackend
+        from tests.fakenvml.fixtures import FIXTURE_EVENT_WAIT_MS
 
         self.fake = fake
         self.proc_root = proc_root
@@ -146,7 +147,7 @@ class NvmlRig:
             ]
         )
         proc_root.mkdir(parents=True, exist_ok=True)
-        self.backend: GpuBackend = NvmlBackend.open()
+        self.backend: GpuBackend = NvmlBackend.open(event_wait_ms=FIXTURE_EVENT_WAIT_MS)
         self.listeners: tuple[CycleListener, ...] = ()
 
     def run(self, index: int, processes: Mapping[int, str | None]) -> None:

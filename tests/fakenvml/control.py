@@ -10,135 +10,58 @@ library reads from ``FAKE_NVML_CONFIG`` at ``nvmlInit``, for subprocesses.
 from __future__ import annotations
 
 import ctypes
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from tests.fakenvml.values import (
+    DEFAULT_DRAW_MW,
+    DEFAULT_EVENT_TYPES,
+    DEFAULT_LIMIT_MW,
+    DEFAULT_MAX_MW,
+    DEFAULT_MIN_MW,
+    DEFAULT_UUIDS,
+    EVENT_DOUBLE_BIT_ECC,
+    EVENT_SINGLE_BIT_ECC,
+    EVENT_XID,
+    MAX_QUEUED_EVENTS,
+    ErrorSpec,
+    FakeConfig,
+    FakeDevice,
+    Fault,
+    QueuedEvent,
+    UuidChange,
+    WriteLogEntry,
+    read_log_file,
+)
+
+# The values live in tests.fakenvml.values; tests import them from here too.
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_DRAW_MW",
+    "DEFAULT_EVENT_TYPES",
+    "DEFAULT_LIMIT_MW",
+    "DEFAULT_MAX_MW",
+    "DEFAULT_MIN_MW",
+    "DEFAULT_UUIDS",
+    "EVENT_DOUBLE_BIT_ECC",
+    "EVENT_SINGLE_BIT_ECC",
+    "EVENT_XID",
+    "MAX_QUEUED_EVENTS",
+    "SONAME",
+    "ErrorSpec",
+    "FakeConfig",
+    "FakeDevice",
+    "FakeNvml",
+    "Fault",
+    "QueuedEvent",
+    "UuidChange",
+    "WriteLogEntry",
+    "read_log_file",
+]
+
 SONAME = "libnvidia-ml.so.1"
-API_VERSION = 1
+API_VERSION = 2
 UUID_BUFFER = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
-
-DEFAULT_UUIDS = tuple(f"GPU-fa4e0000-0000-4000-8000-{i:012x}" for i in range(2))
-DEFAULT_MIN_MW = 100_000
-DEFAULT_MAX_MW = 400_000
-DEFAULT_LIMIT_MW = 300_000
-
-ErrorSpec = str | int  # an nvmlReturn_t name ("NVML_ERROR_NO_PERMISSION") or number
-
-
-@dataclass(frozen=True, kw_only=True)
-class FakeDevice:
-    """One fake GPU. ``current_milliwatts`` defaults to the default limit.
-
-    ``uuid`` may be raw bytes, to hand the bindings a UUID that is not valid text.
-    """
-
-    uuid: str | bytes
-    min_milliwatts: int = DEFAULT_MIN_MW
-    max_milliwatts: int = DEFAULT_MAX_MW
-    default_milliwatts: int = DEFAULT_LIMIT_MW
-    current_milliwatts: int | None = None
-    pids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Fault:
-    """A fault rule; ``device=None`` matches any device (and device-less calls)."""
-
-    function: str
-    device: int | None = None
-    error: ErrorSpec = "NVML_SUCCESS"
-    times: int | None = None  # None: every matching call
-    after: int = 0  # matching calls let through first
-    hang_seconds: float = 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class UuidChange:
-    """After ``after_calls`` more GetUUID calls on ``index``, its UUID becomes ``new_uuid``."""
-
-    index: int
-    new_uuid: str
-    after_calls: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class WriteLogEntry:
-    """One nvmlDeviceSetPowerManagementLimit call that reached the library."""
-
-    device: int
-    uuid: str
-    milliwatts: int
-    rc: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class FakeConfig:
-    """The contents of a ``FAKE_NVML_CONFIG`` file (see tests/fakenvml/README.md)."""
-
-    devices: tuple[FakeDevice, ...] | None = None  # None: the library's defaults
-    faults: tuple[Fault, ...] = ()
-    uuid_changes: tuple[UuidChange, ...] = ()
-    init_error: ErrorSpec | None = None
-    log_file: Path | None = None
-    extra_lines: tuple[str, ...] = ()
-
-    def render(self) -> str:
-        """The file text."""
-        lines = ["# capwatch fake NVML configuration"]
-        if self.devices is not None:
-            lines.append(f"devices {len(self.devices)}")
-            for i, dev in enumerate(self.devices):
-                current = dev.current_milliwatts
-                uuid = dev.uuid.decode() if isinstance(dev.uuid, bytes) else dev.uuid
-                lines.append(
-                    f"device {i} uuid={uuid} min={dev.min_milliwatts} "
-                    f"max={dev.max_milliwatts} default={dev.default_milliwatts} "
-                    f"current={dev.default_milliwatts if current is None else current}"
-                )
-                lines.append(" ".join(["processes", str(i), *map(str, dev.pids)]))
-        for f in self.faults:
-            device = "*" if f.device is None else str(f.device)
-            line = f"fault {f.function} {device} {f.error} after={f.after} hang={f.hang_seconds}"
-            if f.times is not None:
-                line += f" times={f.times}"
-            lines.append(line)
-        lines.extend(
-            f"uuid_change {c.index} {c.after_calls} {c.new_uuid}" for c in self.uuid_changes
-        )
-        if self.init_error is not None:
-            lines.append(f"init_error {self.init_error}")
-        if self.log_file is not None:
-            lines.append(f"log_file {self.log_file}")
-        lines.extend(self.extra_lines)
-        return "\n".join(lines) + "\n"
-
-    def write(self, path: Path) -> Path:
-        """Write the file; returns ``path`` (for ``FAKE_NVML_CONFIG``)."""
-        path.write_text(self.render())
-        return path
-
-
-_LOG_LINE = re.compile(r"set_limit device=(-?\d+) uuid=(\S+) milliwatts=(\d+) rc=(\d+)")
-
-
-def read_log_file(path: Path) -> list[WriteLogEntry]:
-    """Parse the ``log_file`` a subprocess's fake library appended to."""
-    entries = []
-    for line in path.read_text().splitlines():
-        m = _LOG_LINE.fullmatch(line)
-        if m is None:
-            raise ValueError(f"{path}: unexpected log line {line!r}")
-        entries.append(
-            WriteLogEntry(
-                device=int(m[1]),
-                uuid="" if m[2] == "-" else m[2],
-                milliwatts=int(m[3]),
-                rc=int(m[4]),
-            )
-        )
-    return entries
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -176,6 +99,21 @@ def _declare(lib: ctypes.CDLL) -> None:
         "fakenvml_call_count": (c.c_long, [c.c_char_p, c.c_int]),
         "fakenvml_init_count": (c.c_int, []),
         "fakenvml_load_config": (c.c_int, [c.c_char_p]),
+        "fakenvml_set_power_draw": (c.c_int, [c.c_uint, c.c_uint]),
+        "fakenvml_set_enforced_limit": (c.c_int, [c.c_uint, c.c_long]),
+        "fakenvml_set_clocks_event_reasons": (c.c_int, [c.c_uint, c.c_ulonglong]),
+        "fakenvml_set_ecc_errors": (c.c_int, [c.c_uint, c.c_ulonglong]),
+        "fakenvml_add_ecc_errors": (c.c_int, [c.c_uint, c.c_ulonglong, c.c_int]),
+        "fakenvml_set_row_remap": (c.c_int, [c.c_uint, c.c_int, c.c_int]),
+        "fakenvml_set_older_part": (c.c_int, [c.c_uint, c.c_int, c.c_int]),
+        "fakenvml_set_lost": (c.c_int, [c.c_uint, c.c_int]),
+        "fakenvml_set_supported_events": (c.c_int, [c.c_uint, c.c_ulonglong]),
+        "fakenvml_queue_event": (c.c_int, [c.c_uint, c.c_ulonglong, c.c_ulonglong, c.c_uint]),
+        "fakenvml_pending_events": (c.c_uint, []),
+        "fakenvml_dropped_events": (c.c_ulong, []),
+        "fakenvml_registered_events": (c.c_ulonglong, [c.c_uint]),
+        "fakenvml_event_sets": (c.c_int, []),
+        "fakenvml_event_waiters": (c.c_int, []),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -217,6 +155,18 @@ class FakeNvml:
         )
         self._check(rc, f"configure device {index}")
         self.set_processes(index, device.pids)
+        self.set_power_draw(index, device.power_draw_milliwatts)
+        self.set_enforced_limit(index, device.enforced_milliwatts)
+        self.set_clocks_event_reasons(index, device.clocks_event_reasons)
+        self.set_ecc_errors(index, device.ecc_uncorrected_volatile)
+        self.set_row_remap(
+            index, pending=device.row_remap_pending, failure=device.row_remap_failure
+        )
+        self.set_older_part(
+            index, older_part=device.older_part, retired_pending=device.retired_pages_pending
+        )
+        self.set_supported_events(index, device.supported_events)
+        self.set_lost(index, device.lost)
 
     def configure(self, devices: Sequence[FakeDevice]) -> None:
         """Replace the whole device table."""
@@ -230,6 +180,88 @@ class FakeNvml:
         self._check(
             self._lib.fakenvml_set_processes(index, array, len(values)), f"processes {index}"
         )
+
+    # -- health -----------------------------------------------------------
+
+    def set_power_draw(self, index: int, milliwatts: int) -> None:
+        """What nvmlDeviceGetPowerUsage answers."""
+        self._check(self._lib.fakenvml_set_power_draw(index, milliwatts), f"draw {index}")
+
+    def set_enforced_limit(self, index: int, milliwatts: int | None) -> None:
+        """What nvmlDeviceGetEnforcedPowerLimit answers; None: the current limit (default)."""
+        rc = self._lib.fakenvml_set_enforced_limit(index, -1 if milliwatts is None else milliwatts)
+        self._check(rc, f"enforced limit {index}")
+
+    def set_clocks_event_reasons(self, index: int, mask: int) -> None:
+        """The nvmlClocksEventReason* mask nvmlDeviceGetCurrentClocksEventReasons answers."""
+        rc = self._lib.fakenvml_set_clocks_event_reasons(index, mask)
+        self._check(rc, f"clocks event reasons {index}")
+
+    def set_ecc_errors(self, index: int, count: int) -> None:
+        """The volatile uncorrected ECC count."""
+        self._check(self._lib.fakenvml_set_ecc_errors(index, count), f"ecc {index}")
+
+    def add_ecc_errors(self, index: int, count: int = 1, *, with_event: bool = False) -> None:
+        """Bump the volatile uncorrected ECC count; ``with_event`` also queues a DBE event."""
+        rc = self._lib.fakenvml_add_ecc_errors(index, count, int(with_event))
+        self._check(rc, f"add ecc {index}")
+
+    def set_row_remap(self, index: int, *, pending: bool, failure: bool) -> None:
+        """What nvmlDeviceGetRemappedRows reports as pending and failed."""
+        rc = self._lib.fakenvml_set_row_remap(index, int(pending), int(failure))
+        self._check(rc, f"row remap {index}")
+
+    def set_older_part(
+        self, index: int, *, older_part: bool, retired_pending: bool = False
+    ) -> None:
+        """An older part: nvmlDeviceGetRemappedRows is NOT_SUPPORTED and
+        nvmlDeviceGetRetiredPagesPendingStatus answers ``retired_pending``."""
+        rc = self._lib.fakenvml_set_older_part(index, int(older_part), int(retired_pending))
+        self._check(rc, f"older part {index}")
+
+    def set_lost(self, index: int, lost: bool = True) -> None:
+        """Lose the GPU (every call naming it: GPU_IS_LOST) or restore it, same UUID."""
+        self._check(self._lib.fakenvml_set_lost(index, int(lost)), f"lost {index}")
+
+    def set_supported_events(self, index: int, mask: int) -> None:
+        """What nvmlDeviceGetSupportedEventTypes answers; registering others: NOT_SUPPORTED."""
+        rc = self._lib.fakenvml_set_supported_events(index, mask)
+        self._check(rc, f"supported events {index}")
+
+    # -- events -----------------------------------------------------------
+
+    def queue_event(self, event: QueuedEvent) -> int:
+        """Queue ``event.count`` events; returns how many fitted (the rest are dropped)."""
+        n = int(
+            self._lib.fakenvml_queue_event(event.index, event.event_type, event.data, event.count)
+        )
+        if n < 0:
+            raise ValueError(f"fake NVML rejected {event}")
+        return n
+
+    def queue_xid(self, index: int, code: int, count: int = 1) -> int:
+        """Queue ``count`` XID ``code`` events on device ``index``."""
+        return self.queue_event(QueuedEvent(index=index, data=code, count=count))
+
+    def pending_events(self) -> int:
+        """Queued events no wait has taken yet."""
+        return int(self._lib.fakenvml_pending_events())
+
+    def dropped_events(self) -> int:
+        """Events dropped because the queue was full."""
+        return int(self._lib.fakenvml_dropped_events())
+
+    def registered_events(self, index: int) -> int:
+        """The event types registered for device ``index``, over every live event set."""
+        return int(self._lib.fakenvml_registered_events(index))
+
+    def event_sets(self) -> int:
+        """Event sets created and not yet freed."""
+        return int(self._lib.fakenvml_event_sets())
+
+    def event_waiters(self) -> int:
+        """Threads blocked in nvmlEventSetWait_v2 now."""
+        return int(self._lib.fakenvml_event_waiters())
 
     # -- faults -----------------------------------------------------------
 

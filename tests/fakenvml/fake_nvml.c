@@ -15,7 +15,9 @@
  * All functions are thread-safe: one mutex guards all state.
  *
  * Files (all compiled into the one library by build.py):
- *   fake_nvml.c          the NVML entry points pynvml calls
+ *   fake_nvml.c          the NVML entry points pynvml calls (init, limits, processes)
+ *   fake_nvml_health.c   health reads: power draw, enforced limit, clocks, ECC, remapping
+ *   fake_nvml_events.c   event sets, registration, the event queue and waits
  *   fake_nvml_state.c    devices, faults, logs and the per-call fault check
  *   fake_nvml_names.c    function and return-code names, nvmlErrorString
  *   fake_nvml_config.c   the FAKE_NVML_CONFIG file format (documented there)
@@ -63,8 +65,8 @@ nvmlReturn_t nvmlShutdown(void)
     lock();
     if (g_refcount == 0)
         rc = NVML_ERROR_UNINITIALIZED;
-    else
-        g_refcount--;
+    else if (--g_refcount == 0)
+        free_all_sets_locked(); /* NVML releases its event sets; waiters wake */
     unlock();
     return rc;
 }

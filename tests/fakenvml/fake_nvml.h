@@ -19,7 +19,7 @@
 #include <strings.h>
 #include <time.h>
 
-#define FAKE_API_VERSION 1
+#define FAKE_API_VERSION 2
 /* build.py passes the hash of source, header and flags, so a test can tell a
  * stale library mapped in its process from the one just built. */
 #ifndef FAKENVML_BUILD_ID
@@ -36,6 +36,12 @@
 #define DEFAULT_MIN_MW 100000U
 #define DEFAULT_MAX_MW 400000U
 #define DEFAULT_LIMIT_MW 300000U
+#define DEFAULT_DRAW_MW 150000U
+/* The event types the fake can deliver; what a device supports by default. */
+#define DEFAULT_EVENT_TYPES (nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError)
+#define MAX_EVENT_SETS 16
+#define MAX_EVENTS 16384 /* queued, not yet delivered; more are dropped and counted */
+#define NO_INSTANCE 0xFFFFFFFFU
 
 struct nvmlDevice_st {
     char uuid[UUID_LEN];
@@ -48,6 +54,25 @@ struct nvmlDevice_st {
     int uuid_change_pending;
     unsigned int uuid_change_after; /* calls still to answer with the old UUID */
     char next_uuid[UUID_LEN];
+    /* Health (fake_nvml_health.c). */
+    unsigned int draw_mw;
+    int enforced_follows; /* the enforced limit is the current limit (default) */
+    unsigned int enforced_mw;
+    unsigned long long clocks_mask;
+    unsigned long long ecc_volatile; /* uncorrected, volatile */
+    unsigned int remap_pending;
+    unsigned int remap_failure;
+    int older_part; /* no row remapping (NOT_SUPPORTED); page retirement instead */
+    int retired_pending;
+    int lost; /* every call naming the device: NVML_ERROR_GPU_IS_LOST */
+    unsigned long long supported_events;
+};
+
+/* An event set (fake_nvml_events.c): the event types registered per device. */
+struct nvmlEventSet_st {
+    int used;
+    unsigned long generation; /* bumped when freed, so a waiter notices */
+    unsigned long long registered[MAX_DEVICES];
 };
 
 enum fn_id {
@@ -63,6 +88,18 @@ enum fn_id {
     FN_LIMIT,
     FN_SET_LIMIT,
     FN_PROCESSES,
+    FN_POWER_USAGE,
+    FN_ENFORCED_LIMIT,
+    FN_CLOCKS_EVENT_REASONS,
+    FN_TOTAL_ECC,
+    FN_REMAPPED_ROWS,
+    FN_RETIRED_PENDING,
+    FN_DEVICE_INDEX,
+    FN_EVENT_SET_CREATE,
+    FN_REGISTER_EVENTS,
+    FN_SUPPORTED_EVENTS,
+    FN_EVENT_WAIT,
+    FN_EVENT_SET_FREE,
     FN__COUNT,
     FN_ANY = -1,
     FN_UNKNOWN = -2
@@ -109,6 +146,17 @@ FAKE_INTERNAL nvmlReturn_t device_locked(int index, struct nvmlDevice_st **out);
 FAKE_INTERNAL int add_fault(int fn, int device, int rc, long times, long after, double hang_s);
 FAKE_INTERNAL int set_count_locked(unsigned int n);
 FAKE_INTERNAL int copy_uuid(char *dst, const char *src);
+/* Condition variable on the state mutex (CLOCK_MONOTONIC): event waits. */
+FAKE_INTERNAL int wait_until_locked(const struct timespec *deadline); /* 0 or ETIMEDOUT */
+FAKE_INTERNAL void wake_all_locked(void);
+FAKE_INTERNAL void monotonic_deadline(unsigned int ms, struct timespec *out);
+
+/* fake_nvml_events.c */
+FAKE_INTERNAL void events_reset_locked(void); /* free every set, drop the queue */
+FAKE_INTERNAL void free_all_sets_locked(void); /* at the last nvmlShutdown */
+FAKE_INTERNAL int queue_event_locked(int device, unsigned long long type,
+                                     unsigned long long data, unsigned int count);
+FAKE_INTERNAL int event_type_parse(const char *token, unsigned long long *out);
 
 /* fake_nvml_names.c */
 FAKE_INTERNAL int fn_lookup(const char *name);
@@ -145,5 +193,24 @@ long fakenvml_call_count(const char *function, int device); /* device -1: all; -
 int fakenvml_init_count(void); /* nvmlInit calls not yet shut down */
 int fakenvml_return_code(const char *name); /* nvmlReturn_t value, or -1 */
 int fakenvml_load_config(const char *path); /* 0, -1 unreadable, or the bad line number */
+/* Health (index < MAX_DEVICES; settings survive set_device_count within it). */
+int fakenvml_set_power_draw(unsigned int index, unsigned int milliwatts);
+int fakenvml_set_enforced_limit(unsigned int index, long milliwatts); /* < 0: the current limit */
+int fakenvml_set_clocks_event_reasons(unsigned int index, unsigned long long mask);
+int fakenvml_set_ecc_errors(unsigned int index, unsigned long long count);
+/* Bump the volatile uncorrected ECC count; with_event: also queue a double-bit ECC event. */
+int fakenvml_add_ecc_errors(unsigned int index, unsigned long long count, int with_event);
+int fakenvml_set_row_remap(unsigned int index, int pending, int failure);
+int fakenvml_set_older_part(unsigned int index, int older_part, int retired_pending);
+int fakenvml_set_lost(unsigned int index, int lost); /* 0 restores, same UUID */
+int fakenvml_set_supported_events(unsigned int index, unsigned long long mask);
+/* Events: queue `count` events; returns how many fitted (the rest dropped), or -1. */
+int fakenvml_queue_event(unsigned int index, unsigned long long type, unsigned long long data,
+                         unsigned int count);
+unsigned int fakenvml_pending_events(void);
+unsigned long fakenvml_dropped_events(void);
+unsigned long long fakenvml_registered_events(unsigned int index); /* OR over live sets */
+int fakenvml_event_sets(void); /* live event sets */
+int fakenvml_event_waiters(void); /* threads blocked in nvmlEventSetWait now */
 
 #endif /* FAKE_NVML_H */

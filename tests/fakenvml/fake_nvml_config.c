@@ -10,7 +10,18 @@
  *
  *   devices N                       set the device count (new devices get defaults)
  *   device I [uuid=U] [min=MW] [max=MW] [default=MW] [current=MW]
- *                                   configure device I (extends the count to I+1)
+ *            [draw=MW] [enforced=MW|current] [clocks=MASK] [ecc=N]
+ *            [remap_pending=0|1] [remap_failure=0|1] [older_part=0|1]
+ *            [retired_pending=0|1] [events=MASK] [lost=0|1]
+ *                                   configure device I (extends the count to I+1):
+ *                                   limits; power draw; enforced limit (default:
+ *                                   the current limit); clock-event reason mask;
+ *                                   volatile uncorrected ECC count; row remapping;
+ *                                   an older part (no row remapping, page
+ *                                   retirement); supported event types; lost
+ *   event I TYPE [DATA] [count=N]   queue N (default 1) events on device I; TYPE
+ *                                   is xid, dbe (double-bit ECC), sbe or a mask
+ *                                   bit; DATA is the XID number (default 0)
  *   processes I [PID ...]           compute processes running on device I
  *   fault FN DEV RC [times=N] [after=K] [hang=SECONDS]
  *                                   calls of FN on device DEV return RC
@@ -52,6 +63,29 @@ static int parse_ulong(const char *s, unsigned long max, unsigned long *out)
     if (errno != 0 || *end != '\0' || v > max)
         return -1;
     *out = v;
+    return 0;
+}
+
+/* Decimal or 0x-prefixed 64-bit value (masks, counts). */
+static int parse_u64(const char *s, unsigned long long *out)
+{
+    char *end;
+    unsigned long long v;
+    if (s == NULL || *s == '\0' || *s == '-')
+        return -1;
+    errno = 0;
+    v = strtoull(s, &end, 0);
+    if (errno != 0 || *end != '\0')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_flag(const char *s, int *out)
+{
+    if (s == NULL || (strcmp(s, "0") != 0 && strcmp(s, "1") != 0))
+        return -1;
+    *out = s[0] == '1';
     return 0;
 }
 
@@ -119,6 +153,62 @@ static int fault_options(char **toks, int ntok, long *times, long *after, double
     return 0;
 }
 
+/* The health options of `device`; 0 if tok was one and valid. */
+static int health_option(const char *tok, struct nvmlDevice_st *d)
+{
+    const char *v;
+    unsigned long mw;
+    unsigned long long n;
+    int flag;
+    if ((v = option(tok, "draw")) != NULL && parse_ulong(v, UINT32_MAX, &mw) == 0) {
+        d->draw_mw = (unsigned int)mw;
+    } else if ((v = option(tok, "enforced")) != NULL) {
+        d->enforced_follows = strcmp(v, "current") == 0;
+        if (!d->enforced_follows && parse_ulong(v, UINT32_MAX, &mw) != 0)
+            return -1;
+        d->enforced_mw = d->enforced_follows ? 0 : (unsigned int)mw;
+    } else if ((v = option(tok, "clocks")) != NULL && parse_u64(v, &n) == 0) {
+        d->clocks_mask = n;
+    } else if ((v = option(tok, "ecc")) != NULL && parse_u64(v, &n) == 0) {
+        d->ecc_volatile = n;
+    } else if ((v = option(tok, "events")) != NULL && parse_u64(v, &n) == 0) {
+        d->supported_events = n;
+    } else if ((v = option(tok, "remap_pending")) != NULL && parse_flag(v, &flag) == 0) {
+        d->remap_pending = (unsigned int)flag;
+    } else if ((v = option(tok, "remap_failure")) != NULL && parse_flag(v, &flag) == 0) {
+        d->remap_failure = (unsigned int)flag;
+    } else if ((v = option(tok, "older_part")) != NULL && parse_flag(v, &flag) == 0) {
+        d->older_part = flag;
+    } else if ((v = option(tok, "retired_pending")) != NULL && parse_flag(v, &flag) == 0) {
+        d->retired_pending = flag;
+    } else if ((v = option(tok, "lost")) != NULL && parse_flag(v, &flag) == 0) {
+        d->lost = flag;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+static int directive_event(char **toks, int ntok)
+{
+    int index, i;
+    unsigned long long type, data = 0;
+    unsigned long count = 1;
+    if (ntok < 3 || parse_device(toks[1], &index) != 0 || index == ANY_DEVICE ||
+        event_type_parse(toks[2], &type) != 0)
+        return -1;
+    for (i = 3; i < ntok; i++) {
+        const char *v = option(toks[i], "count");
+        if (v != NULL) {
+            if (parse_ulong(v, MAX_EVENTS, &count) != 0 || count == 0)
+                return -1;
+        } else if (i != 3 || parse_u64(toks[i], &data) != 0) {
+            return -1;
+        }
+    }
+    return queue_event_locked(index, type, data, (unsigned int)count) == (int)count ? 0 : -1;
+}
+
 static int directive_device(char **toks, int ntok)
 {
     int index, i;
@@ -146,7 +236,7 @@ static int directive_device(char **toks, int ntok)
         else if ((v = option(toks[i], "current")) != NULL &&
                  parse_ulong(v, UINT32_MAX, &mw) == 0)
             d.current_mw = (unsigned int)mw;
-        else
+        else if (health_option(toks[i], &d) != 0)
             return -1;
     }
     g_devs[index] = d;
@@ -187,6 +277,8 @@ static int apply_directive(char **toks, int ntok)
         return directive_device(toks, ntok);
     if (strcmp(cmd, "processes") == 0)
         return directive_processes(toks, ntok);
+    if (strcmp(cmd, "event") == 0)
+        return directive_event(toks, ntok);
     if (strcmp(cmd, "fault") == 0) {
         if (ntok < 4 || (fn = fn_lookup(toks[1])) == FN_UNKNOWN ||
             parse_device(toks[2], &device) != 0 || (rc = rc_parse(toks[3])) < 0 ||

@@ -179,3 +179,109 @@ int fakenvml_init_count(void)
     return n;
 }
 
+
+/* -- health ------------------------------------------------------------- */
+
+/* Device `index` with the lock taken, or NULL (lock not taken) past MAX_DEVICES. */
+static struct nvmlDevice_st *lock_device(unsigned int index)
+{
+    if (index >= MAX_DEVICES)
+        return NULL;
+    lock();
+    return &g_devs[index];
+}
+
+int fakenvml_set_power_draw(unsigned int index, unsigned int milliwatts)
+{
+    struct nvmlDevice_st *d = lock_device(index);
+    if (d == NULL)
+        return -1;
+    d->draw_mw = milliwatts;
+    unlock();
+    return 0;
+}
+
+int fakenvml_set_enforced_limit(unsigned int index, long milliwatts)
+{
+    struct nvmlDevice_st *d;
+    if (milliwatts > (long)UINT32_MAX || (d = lock_device(index)) == NULL)
+        return -1;
+    d->enforced_follows = milliwatts < 0;
+    d->enforced_mw = milliwatts < 0 ? 0 : (unsigned int)milliwatts;
+    unlock();
+    return 0;
+}
+
+int fakenvml_set_clocks_event_reasons(unsigned int index, unsigned long long mask)
+{
+    struct nvmlDevice_st *d = lock_device(index);
+    if (d == NULL)
+        return -1;
+    d->clocks_mask = mask;
+    unlock();
+    return 0;
+}
+
+int fakenvml_set_ecc_errors(unsigned int index, unsigned long long count)
+{
+    struct nvmlDevice_st *d = lock_device(index);
+    if (d == NULL)
+        return -1;
+    d->ecc_volatile = count;
+    unlock();
+    return 0;
+}
+
+int fakenvml_add_ecc_errors(unsigned int index, unsigned long long count, int with_event)
+{
+    struct nvmlDevice_st *d = lock_device(index);
+    if (d == NULL)
+        return -1;
+    d->ecc_volatile += count;
+    if (with_event)
+        queue_event_locked((int)index, nvmlEventTypeDoubleBitEccError, 0, 1);
+    unlock();
+    return 0;
+}
+
+int fakenvml_set_row_remap(unsigned int index, int pending, int failure)
+{
+    struct nvmlDevice_st *d = lock_device(index);
+    if (d == NULL)
+        return -1;
+    d->remap_pending = pending != 0;
+    d->remap_failure = failure != 0;
+    unlock();
+    return 0;
+}
+
+int fakenvml_set_older_part(unsigned int index, int older_part, int retired_pending)
+{
+    struct nvmlDevice_st *d = lock_device(index);
+    if (d == NULL)
+        return -1;
+    d->older_part = older_part != 0;
+    d->retired_pending = retired_pending != 0;
+    unlock();
+    return 0;
+}
+
+int fakenvml_set_lost(unsigned int index, int lost)
+{
+    struct nvmlDevice_st *d = lock_device(index);
+    if (d == NULL)
+        return -1;
+    d->lost = lost != 0;
+    unlock();
+    return 0;
+}
+
+int fakenvml_set_supported_events(unsigned int index, unsigned long long mask)
+{
+    struct nvmlDevice_st *d = lock_device(index);
+    if (d == NULL)
+        return -1;
+    d->supported_events = mask;
+    unlock();
+    return 0;
+}

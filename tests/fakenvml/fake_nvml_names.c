@@ -26,6 +26,19 @@ static const struct {
     {"nvmlDeviceSetPowerManagementLimit", FN_SET_LIMIT},
     {"nvmlDeviceGetComputeRunningProcesses", FN_PROCESSES},
     {"nvmlDeviceGetComputeRunningProcesses_v3", FN_PROCESSES},
+    {"nvmlDeviceGetPowerUsage", FN_POWER_USAGE},
+    {"nvmlDeviceGetEnforcedPowerLimit", FN_ENFORCED_LIMIT},
+    {"nvmlDeviceGetCurrentClocksEventReasons", FN_CLOCKS_EVENT_REASONS},
+    {"nvmlDeviceGetTotalEccErrors", FN_TOTAL_ECC},
+    {"nvmlDeviceGetRemappedRows", FN_REMAPPED_ROWS},
+    {"nvmlDeviceGetRetiredPagesPendingStatus", FN_RETIRED_PENDING},
+    {"nvmlDeviceGetIndex", FN_DEVICE_INDEX},
+    {"nvmlEventSetCreate", FN_EVENT_SET_CREATE},
+    {"nvmlDeviceRegisterEvents", FN_REGISTER_EVENTS},
+    {"nvmlDeviceGetSupportedEventTypes", FN_SUPPORTED_EVENTS},
+    {"nvmlEventSetWait", FN_EVENT_WAIT},
+    {"nvmlEventSetWait_v2", FN_EVENT_WAIT},
+    {"nvmlEventSetFree", FN_EVENT_SET_FREE},
 };
 
 /* Return-code names come from the official header's enum, never retyped. */

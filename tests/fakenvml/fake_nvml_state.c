@@ -6,6 +6,8 @@
 #include "fake_nvml.h"
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cond; /* event waits; CLOCK_MONOTONIC, set up once */
+static pthread_once_t g_cond_once = PTHREAD_ONCE_INIT;
 struct nvmlDevice_st g_devs[MAX_DEVICES];
 unsigned int g_count;
 int g_refcount;
@@ -27,6 +29,9 @@ static void device_defaults(unsigned int i)
     d->max_mw = DEFAULT_MAX_MW;
     d->default_mw = DEFAULT_LIMIT_MW;
     d->current_mw = DEFAULT_LIMIT_MW;
+    d->draw_mw = DEFAULT_DRAW_MW;
+    d->enforced_follows = 1;
+    d->supported_events = DEFAULT_EVENT_TYPES;
 }
 
 void reset_locked(void)
@@ -46,12 +51,23 @@ void reset_locked(void)
         fclose(g_log_file);
         g_log_file = NULL;
     }
+    events_reset_locked();
     g_state_ready = 1;
+}
+
+static void cond_init(void)
+{
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_cond, &attr);
+    pthread_condattr_destroy(&attr);
 }
 
 /* Static storage starts zeroed; the defaults are filled in on first use. */
 void lock(void)
 {
+    pthread_once(&g_cond_once, cond_init);
     pthread_mutex_lock(&g_lock);
     if (!g_state_ready)
         reset_locked();
@@ -60,6 +76,28 @@ void lock(void)
 void unlock(void)
 {
     pthread_mutex_unlock(&g_lock);
+}
+
+int wait_until_locked(const struct timespec *deadline)
+{
+    int rc = pthread_cond_timedwait(&g_cond, &g_lock, deadline);
+    return rc == ETIMEDOUT ? ETIMEDOUT : 0;
+}
+
+void wake_all_locked(void)
+{
+    pthread_cond_broadcast(&g_cond);
+}
+
+void monotonic_deadline(unsigned int ms, struct timespec *out)
+{
+    clock_gettime(CLOCK_MONOTONIC, out);
+    out->tv_sec += (time_t)(ms / 1000U);
+    out->tv_nsec += (long)(ms % 1000U) * 1000000L;
+    if (out->tv_nsec >= 1000000000L) {
+        out->tv_sec++;
+        out->tv_nsec -= 1000000000L;
+    }
 }
 
 static void sleep_seconds(double seconds)
@@ -119,13 +157,15 @@ nvmlReturn_t enter(enum fn_id fn, int device)
     return (nvmlReturn_t)rc;
 }
 
-/* Resolve a handle to a live device, under the lock. */
+/* Resolve a handle to a live device, under the lock; a lost one answers GPU_IS_LOST. */
 nvmlReturn_t device_locked(int index, struct nvmlDevice_st **out)
 {
     if (g_refcount == 0)
         return NVML_ERROR_UNINITIALIZED;
     if (index < 0 || (unsigned int)index >= g_count)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (g_devs[index].lost)
+        return NVML_ERROR_GPU_IS_LOST;
     *out = &g_devs[index];
     return NVML_SUCCESS;
 }

@@ -42,6 +42,19 @@ PYNVML_SYMBOLS = {
     "nvmlDeviceGetPowerManagementLimit",
     "nvmlDeviceSetPowerManagementLimit",
     "nvmlDeviceGetComputeRunningProcesses_v3",
+    # readings() and the event thread
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetIndex",
+    "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlEventSetWait_v2",
+    "nvmlEventSetFree",
 }
 
 

@@ -1,0 +1,305 @@
+"""NvmlBackend's device events through the real pynvml against the fake library: XID and
+double-bit ECC events queued in the fake reach drain_events(), mapped to index and UUID,
+aggregated and bounded; the event thread survives errors and stops promptly."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from agent.nvml import NvmlBackend
+from agent.nvmlevents import THREAD_NAME
+from agent.telemetry import EVENT_KEYS_LIMIT, DeviceEventKind
+from tests.fakenvml.control import (
+    DEFAULT_UUIDS,
+    EVENT_DOUBLE_BIT_ECC,
+    EVENT_XID,
+    FakeDevice,
+    FakeNvml,
+    QueuedEvent,
+)
+
+pytestmark = pytest.mark.nvml
+
+XID, DBE = DeviceEventKind.XID, DeviceEventKind.ECC_DOUBLE_BIT
+Key = tuple[DeviceEventKind, int, str | None, int]
+
+
+def collect(backend: NvmlBackend, total: int, timeout: float = 10.0) -> dict[Key, int]:
+    """Drain until ``total`` events arrived; counts by (kind, index, uuid, code)."""
+    merged: dict[Key, int] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for event in backend.drain_events():
+            key = (event.kind, event.index, event.uuid, event.code)
+            merged[key] = merged.get(key, 0) + event.count
+        if sum(merged.values()) >= total:
+            return merged
+        assert time.monotonic() < deadline, f"only {merged} of {total} events arrived"
+        time.sleep(0.01)
+
+
+def event_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+def delivered(fake_nvml: FakeNvml, timeout: float = 5.0) -> None:
+    """Wait until every queued event was taken and the event thread is back in its wait,
+    i.e. done adding the last one to the accumulator."""
+    until(lambda: fake_nvml.pending_events() == 0 and fake_nvml.event_waiters() == 1, timeout)
+
+
+def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def four_gpus(fake_nvml: FakeNvml) -> Iterator[NvmlBackend]:
+    """Four fake GPUs GPU-e0..GPU-e3 and a backend on them (short event waits)."""
+    fake_nvml.configure([FakeDevice(uuid=f"GPU-e{i}") for i in range(4)])
+    backend = NvmlBackend.open(event_wait_ms=20)
+    yield backend
+    backend.close()
+
+
+def test_every_device_registered_for_xid_and_dbe(
+    fake_nvml: FakeNvml, nvml_backend: NvmlBackend
+) -> None:
+    """At open one event set is created and each device registered for exactly XID and
+    double-bit ECC events; close frees the set."""
+    assert fake_nvml.event_sets() == 1
+    for index in range(2):
+        assert fake_nvml.registered_events(index) == EVENT_XID | EVENT_DOUBLE_BIT_ECC
+    nvml_backend.close()
+    assert fake_nvml.event_sets() == 0
+    assert fake_nvml.init_count() == 0
+
+
+def test_xid_events_reach_drain_aggregated(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:
+    """Three XID 79 events on GPU 1 drain as one entry with index, UUID, code and count 3."""
+    fake_nvml.queue_xid(1, 79, count=3)
+    delivered(fake_nvml)
+    events = nvml_backend.drain_events() + nvml_backend.drain_events()
+    assert len(events) == 1
+    (event,) = events
+    assert (event.kind, event.index, event.uuid, event.code, event.count) == (
+        XID,
+        1,
+        DEFAULT_UUIDS[1],
+        79,
+        3,
+    )
+    assert event.first_wall <= event.last_wall
+    assert nvml_backend.drain_events() == ()
+
+
+def test_double_bit_ecc_event(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:
+    """A double-bit ECC event is ECC_DOUBLE_BIT with code 0, and the count is read too."""
+    fake_nvml.add_ecc_errors(0, 1, with_event=True)
+    assert collect(nvml_backend, 1) == {(DBE, 0, DEFAULT_UUIDS[0], 0): 1}
+    assert nvml_backend.readings(0).ecc_uncorrected_volatile == 1
+
+
+def test_events_for_several_devices(fake_nvml: FakeNvml, four_gpus: NvmlBackend) -> None:
+    """Events on different GPUs are told apart by index and UUID, and by kind and code."""
+    fake_nvml.queue_xid(0, 13)
+    fake_nvml.queue_xid(2, 48, count=2)
+    fake_nvml.queue_xid(3, 79)
+    fake_nvml.queue_xid(3, 13)
+    fake_nvml.queue_event(QueuedEvent(index=1, event_type=EVENT_DOUBLE_BIT_ECC))
+    assert collect(four_gpus, 6) == {
+        (XID, 0, "GPU-e0", 13): 1,
+        (XID, 2, "GPU-e2", 48): 2,
+        (XID, 3, "GPU-e3", 79): 1,
+        (XID, 3, "GPU-e3", 13): 1,
+        (DBE, 1, "GPU-e1", 0): 1,
+    }
+
+
+def test_close_stops_the_thread_within_a_second(fake_nvml: FakeNvml) -> None:
+    """With the production wait (500 ms), close() stops the named event thread, frees the
+    set and shuts NVML down in under a second."""
+    backend = NvmlBackend.open()
+    until(lambda: fake_nvml.event_waiters() == 1)
+    assert len(event_threads()) == 1
+    assert event_threads()[0].daemon
+    start = time.monotonic()
+    backend.close()
+    elapsed = time.monotonic() - start
+    assert elapsed < 1.0, f"close took {elapsed:.3f} s"
+    assert event_threads() == []
+    assert fake_nvml.event_waiters() == 0
+    assert fake_nvml.event_sets() == 0
+    assert fake_nvml.init_count() == 0
+
+
+def test_flood_is_one_entry_and_drains_fast(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:
+    """10,000 XIDs of one code between drains are one entry with the full count, never
+    10,000 objects, and draining it is quick."""
+    assert fake_nvml.queue_xid(0, 31, count=10_000) == 10_000
+    delivered(fake_nvml, timeout=30)
+    start = time.perf_counter()
+    events = nvml_backend.drain_events()
+    drained_in = time.perf_counter() - start
+    events += nvml_backend.drain_events()
+    assert [(e.kind, e.index, e.code) for e in events] == [(XID, 0, 31)] * len(events)
+    assert sum(e.count for e in events) == 10_000
+    assert len(events) <= 2  # at most one per drain
+    assert drained_in < 0.01
+
+
+def test_distinct_codes_stay_within_the_key_bound(
+    fake_nvml: FakeNvml, nvml_backend: NvmlBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """More distinct codes than the accumulator keeps between two drains: it holds
+    EVENT_KEYS_LIMIT entries, says how many it dropped, and the drain stays fast."""
+    extra = 200
+    for code in range(EVENT_KEYS_LIMIT + extra):
+        fake_nvml.queue_xid(1, code)
+    delivered(fake_nvml, timeout=30)
+    with caplog.at_level(logging.WARNING, logger="agent.telemetry"):
+        start = time.perf_counter()
+        events = nvml_backend.drain_events()
+        drained_in = time.perf_counter() - start
+    assert len(events) == EVENT_KEYS_LIMIT
+    assert {e.code for e in events} == set(range(EVENT_KEYS_LIMIT))
+    assert f"dropped={extra}" in caplog.text
+    assert drained_in < 0.05
+
+
+def test_thread_survives_wait_errors(
+    fake_nvml: FakeNvml, nvml_backend: NvmlBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Failing waits (unknown error, GPU lost) are logged, rate-limited, and the thread
+    goes on delivering events afterwards."""
+    with caplog.at_level(logging.WARNING, logger="agent.nvmlevents"):
+        fake_nvml.inject("nvmlEventSetWait", None, "NVML_ERROR_UNKNOWN", times=2)
+        fake_nvml.inject("nvmlEventSetWait", None, "NVML_ERROR_GPU_IS_LOST", times=1)
+        fake_nvml.queue_xid(0, 62)
+        assert collect(nvml_backend, 1) == {(XID, 0, DEFAULT_UUIDS[0], 62): 1}
+    warnings = [r for r in caplog.records if "event wait failed" in r.getMessage()]
+    assert len(warnings) == 1  # the next two within the minute are held back
+    assert "error_class=unknown" in warnings[0].getMessage()
+    assert len(event_threads()) == 1
+
+
+def test_wait_errors_never_spin(fake_nvml: FakeNvml) -> None:
+    """A wait failing every time is retried with back-off (a handful of calls per second,
+    not thousands), close() still returns promptly, and events flow once it recovers."""
+    backend = NvmlBackend.open(event_wait_ms=20)
+    try:
+        fake_nvml.inject("nvmlEventSetWait", None, "NVML_ERROR_UNKNOWN")
+        before = fake_nvml.call_count("nvmlEventSetWait")
+        time.sleep(1.0)
+        calls = fake_nvml.call_count("nvmlEventSetWait") - before
+        assert 2 <= calls <= 12, calls
+        fake_nvml.clear_faults()
+        fake_nvml.queue_xid(1, 94)
+        assert collect(backend, 1) == {(XID, 1, DEFAULT_UUIDS[1], 94): 1}
+        fake_nvml.inject("nvmlEventSetWait", None, "NVML_ERROR_UNKNOWN")
+        time.sleep(0.3)  # now backing off
+    finally:
+        start = time.monotonic()
+        backend.close()
+    assert time.monotonic() - start < 1.0
+    assert event_threads() == []
+
+
+def test_event_from_a_lost_gpu(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:
+    """An event whose GPU answers nothing (lost) keeps the index it was registered at,
+    with no UUID; the thread carries on."""
+    fake_nvml.set_lost(1)
+    fake_nvml.queue_xid(1, 79)
+    assert collect(nvml_backend, 1) == {(XID, 1, None, 79): 1}
+    fake_nvml.set_lost(1, lost=False)
+    fake_nvml.queue_xid(1, 79)
+    assert collect(nvml_backend, 1) == {(XID, 1, DEFAULT_UUIDS[1], 79): 1}
+
+
+def test_unreadable_event_uuid_is_none(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:
+    """If the event device's UUID read fails, the event still counts, with uuid None."""
+    fake_nvml.inject("nvmlDeviceGetUUID", 0, "NVML_ERROR_UNKNOWN", times=1)
+    fake_nvml.queue_xid(0, 45)
+    assert collect(nvml_backend, 1) == {(XID, 0, None, 45): 1}
+
+
+def test_device_that_appears_later_is_registered_when_read(
+    fake_nvml: FakeNvml, nvml_backend: NvmlBackend
+) -> None:
+    """A GPU added after open is registered the first time its readings are taken; its
+    events then arrive (queued before that, they wait in the library)."""
+    fake_nvml.set_device_count(3)
+    fake_nvml.queue_xid(2, 79)
+    time.sleep(0.1)
+    assert fake_nvml.pending_events() == 1
+    assert fake_nvml.registered_events(2) == 0
+    nvml_backend.readings(2)
+    assert fake_nvml.registered_events(2) == EVENT_XID | EVENT_DOUBLE_BIT_ECC
+    assert collect(nvml_backend, 1) == {(XID, 2, "GPU-fa4e0000-0000-4000-8000-000000000002", 79): 1}
+    nvml_backend.readings(2)
+    assert fake_nvml.call_count("nvmlDeviceRegisterEvents", 2) == 1
+
+
+def test_partial_and_no_event_support(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GPU supporting only XIDs is registered for XIDs only; one supporting neither is
+    logged once, not registered, and is no error."""
+    fake_nvml.configure(
+        [
+            FakeDevice(uuid="GPU-x", supported_events=EVENT_XID),
+            FakeDevice(uuid="GPU-none", supported_events=0),
+        ]
+    )
+    with caplog.at_level(logging.INFO, logger="agent.nvmlevents"):
+        backend = NvmlBackend.open(event_wait_ms=20)
+        try:
+            backend.readings(1)
+            backend.readings(1)
+            assert fake_nvml.registered_events(0) == EVENT_XID
+            assert fake_nvml.registered_events(1) == 0
+        finally:
+            backend.close()
+    notes = [r for r in caplog.records if "supports no XID" in r.getMessage()]
+    assert [r.levelno for r in notes] == [logging.INFO]
+    assert "index=1" in notes[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_failed_registration_is_retried(fake_nvml: FakeNvml) -> None:
+    """A registration that fails at open is retried from the device's next readings."""
+    fake_nvml.inject("nvmlDeviceRegisterEvents", 0, "NVML_ERROR_UNKNOWN", times=1)
+    backend = NvmlBackend.open(event_wait_ms=20)
+    try:
+        assert fake_nvml.registered_events(0) == 0
+        assert fake_nvml.registered_events(1) == EVENT_XID | EVENT_DOUBLE_BIT_ECC
+        backend.readings(0)
+        assert fake_nvml.registered_events(0) == EVENT_XID | EVENT_DOUBLE_BIT_ECC
+    finally:
+        backend.close()
+
+
+def test_no_event_set_means_no_events_but_a_working_backend(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    """If the event set cannot be created the backend still opens and reads, logs why,
+    starts no thread, and drains nothing."""
+    fake_nvml.inject("nvmlEventSetCreate", None, "NVML_ERROR_NOT_SUPPORTED")
+    with caplog.at_level(logging.WARNING, logger="agent.nvml"):
+        backend = NvmlBackend.open(event_wait_ms=20)
+    try:
+        assert "device events unavailable" in caplog.text
+        assert event_threads() == []
+        fake_nvml.queue_xid(0, 79)
+        assert backend.readings(0).failed_reads == ()
+        assert backend.drain_events() == ()
+    finally:
+        backend.close()
+    assert fake_nvml.init_count() == 0
