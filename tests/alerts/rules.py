@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests.metrics.support import prometheus_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "charts" / "capwatch" / "files"
@@ -60,11 +59,5 @@ def github_anchor(heading: str) -> str:
 
 
 def promtool() -> str:
-    """The promtool binary; in CI its absence is a failure, elsewhere a skip."""
-    found = shutil.which("promtool")
-    if found is None:
-        message = "promtool not found (apt-get install --no-install-recommends prometheus)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}; .ci/run installs it")
-        pytest.skip(message)
-    return found
+    """The promtool binary (see prometheus_tool)."""
+    return prometheus_tool("promtool")

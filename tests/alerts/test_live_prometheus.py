@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 
 from tests.alerts.rules import RULES, alerts, scaled, watched
+from tests.metrics.prometheus import prometheus_binary, query
 from tests.metrics.support import CAPWATCH, AgentProcess, free_port, http_get, running_agent
-from tests.metrics.test_prometheus import prometheus_binary, query
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

@@ -10,7 +10,8 @@ import pytest
 from dashboards.capwatch import expressions
 from tests.controller.e2e.processes import Processes
 from tests.dashboard.names import EVENT_DRIVEN, names_in
-from tests.dashboard.prom import instant, scraping, wait_scraped
+from tests.dashboard.prom import instant, wait_scraped
+from tests.metrics.prometheus import scraping
 from tests.metrics.support import free_port, running_agent
 
 pytestmark = pytest.mark.slow

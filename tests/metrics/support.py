@@ -10,6 +10,7 @@ import asyncio
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,11 +23,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
 Series = tuple[str, frozenset[tuple[str, str]]]
+
+
+def prometheus_tool(name: str) -> str:
+    """A binary of Debian's prometheus package (prometheus, promtool): in CI its absence
+    is a failure (.ci/run installs it), elsewhere a skip."""
+    found = shutil.which(name)
+    if found is None:
+        message = f"{name} not found (apt-get install --no-install-recommends prometheus)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}; .ci/run installs it")
+        pytest.skip(message)
+    return found
 
 
 def samples(text: str) -> dict[Series, float]:

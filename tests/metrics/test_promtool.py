@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
-
-import pytest
 
 from tests.metrics.support import (
     free_port,
     http_get,
     listening_tcp_ports,
+    prometheus_tool,
     running_agent,
     samples,
     value,
@@ -21,14 +18,7 @@ from tests.metrics.support import (
 
 
 def promtool() -> str:
-    """The promtool binary; in CI its absence is a failure, elsewhere a skip."""
-    found = shutil.which("promtool")
-    if found is None:
-        message = "promtool not found (apt-get install --no-install-recommends prometheus)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}; .ci/run installs it")
-        pytest.skip(message)
-    return found
+    return prometheus_tool("promtool")
 
 
 def test_a_running_agents_metrics_pass_promtool(tmp_path: Path):
