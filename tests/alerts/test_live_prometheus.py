@@ -17,14 +17,10 @@ promtool's unit tests hold the rules to their real durations.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +29,13 @@ import pytest
 
 from tests.alerts.rules import RULES, alerts, scaled, watched
 from tests.metrics.prometheus import prometheus_binary, query
-from tests.metrics.support import CAPWATCH, AgentProcess, free_port, http_get, running_agent
+from tests.metrics.support import (
+    CAPWATCH,
+    free_port,
+    http_get,
+    running,
+    running_agent,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -98,39 +100,6 @@ def _certificate(directory: Path) -> tuple[Path, Path]:
         check=True, capture_output=True, timeout=30,
     )  # fmt: skip
     return cert, key
-
-
-@contextmanager
-def _process(argv: list[str], *, stderr_log: bool = True) -> Iterator[AgentProcess]:
-    """A capwatch or prometheus process, its stderr drained; SIGTERM, then kill, after."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("CAPWATCH_", "GRPC_"))}
-    proc = subprocess.Popen(
-        argv,
-        env=environ,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE if stderr_log else subprocess.DEVNULL,
-        text=True,
-    )
-    process = AgentProcess(proc)
-    reader = None
-    if proc.stderr is not None:
-        stderr = proc.stderr
-        reader = threading.Thread(target=lambda: process.lines.extend(stderr), daemon=True)
-        reader.start()
-    try:
-        yield process
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        finally:
-            proc.kill()
-            if reader is not None:
-                reader.join(timeout=5)
-            if proc.stderr is not None:
-                proc.stderr.close()
 
 
 def _config(tmp_path: Path, agents: list[str], controller: str) -> Path:
@@ -218,7 +187,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         targets = tmp / "targets"
         targets.write_text(f"{NODE_A} {agent_a.grpc_target}\nsim-node-0 {agent_b.grpc_target}\n")
         controller = stack.enter_context(
-            _process(
+            running(
                 [
                     *(*CAPWATCH, "controller", "--dry-run", "--targets", str(targets)),
                     *("--grpc-listen", "127.0.0.1:0", "--probe-port", "0"),
@@ -233,7 +202,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
             f"127.0.0.1:{port_c}",
         )
         prometheus = stack.enter_context(
-            _process(
+            running(
                 [
                     binary,
                     f"--config.file={config}",

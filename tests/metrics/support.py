@@ -147,45 +147,30 @@ class AgentProcess:
 
 
 @contextmanager
-def running_agent(
-    tmp_path: Path, args: Sequence[str] = (), env: Mapping[str, str] | None = None
+def running(
+    argv: Sequence[str], *, env: Mapping[str, str] | None = None, stderr_log: bool = True
 ) -> Iterator[AgentProcess]:
-    """``capwatch agent`` on simulated GPUs (0.2 s interval), stopped with SIGTERM after."""
-    # Neither capwatch's settings nor grpc's (this process's) leak into the agent under test.
+    """A process (capwatch, prometheus), its stderr drained into ``lines`` by a thread;
+    SIGTERM, then kill, after. Neither capwatch's settings nor grpc's (this process's)
+    leak into it."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("CAPWATCH_", "GRPC_"))}
     environ.update(env or {})
     proc = subprocess.Popen(
-        [
-            *CAPWATCH,
-            "agent",
-            "--gpu-backend",
-            "sim",
-            "--interval",
-            "0.2",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--state-dir",
-            str(tmp_path / "state"),
-            *args,
-        ],
+        list(argv),
         env=environ,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.PIPE if stderr_log else subprocess.DEVNULL,
         text=True,
     )
-    agent = AgentProcess(proc)
-    assert proc.stderr is not None
-    stderr = proc.stderr
-
-    def drain() -> None:
-        for line in stderr:
-            agent.lines.append(line)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
+    process = AgentProcess(proc)
+    reader = None
+    if proc.stderr is not None:
+        stderr = proc.stderr
+        reader = threading.Thread(target=lambda: process.lines.extend(stderr), daemon=True)
+        reader.start()
     try:
-        yield agent
+        yield process
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -193,5 +178,29 @@ def running_agent(
             proc.wait(timeout=20)
         finally:
             proc.kill()
-            reader.join(timeout=5)
-            stderr.close()
+            if reader is not None:
+                reader.join(timeout=5)
+            if proc.stderr is not None:
+                proc.stderr.close()
+
+
+@contextmanager
+def running_agent(
+    tmp_path: Path, args: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> Iterator[AgentProcess]:
+    """``capwatch agent`` on simulated GPUs (0.2 s interval), stopped with SIGTERM after."""
+    argv = [
+        *CAPWATCH,
+        "agent",
+        "--gpu-backend",
+        "sim",
+        "--interval",
+        "0.2",
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        *args,
+    ]
+    with running(argv, env=env) as agent:
+        yield agent
