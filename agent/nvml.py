@@ -95,6 +95,14 @@ def throttle_reasons(mask: int) -> tuple[ThrottleReason, ...]:
     )
 
 
+def _clock_event_reasons(handle: Any) -> int:
+    """The clock-event reason mask; drivers before 535 export only the older name."""
+    try:
+        return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    except pynvml.NVMLError_FunctionNotFound:
+        return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
 def uuid_text(value: object) -> str:
     """A UUID as ``str``, whether the bindings returned ``bytes`` (older) or ``str``."""
     if isinstance(value, bytes):
@@ -300,7 +308,7 @@ class NvmlBackend:
             "enforced_limit", lambda: int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
         )
         mask = read(
-            "throttle_reasons", lambda: int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+            "throttle_reasons", lambda: _clock_event_reasons(handle)
         )
         ecc = read(
             "ecc",

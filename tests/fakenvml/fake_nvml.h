@@ -100,6 +100,7 @@ enum fn_id {
     FN_SUPPORTED_EVENTS,
     FN_EVENT_WAIT,
     FN_EVENT_SET_FREE,
+    FN_CLOCKS_THROTTLE_REASONS, /* the name drivers before 535 have */
     FN__COUNT,
     FN_ANY = -1,
     FN_UNKNOWN = -2

@@ -58,6 +58,19 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 
+/* The same reasons under the name older drivers export (deprecated in nvml.h). */
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
+                                                       unsigned long long *clocksThrottleReasons)
+{
+    struct nvmlDevice_st *d = NULL;
+    nvmlReturn_t rc = begin(FN_CLOCKS_THROTTLE_REASONS, device, clocksThrottleReasons, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    *clocksThrottleReasons = d->clocks_mask;
+    unlock();
+    return NVML_SUCCESS;
+}
+
 /* Uncorrected errors (volatile or aggregate) are the configured count; corrected: 0. */
 nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
                                          nvmlEccCounterType_t counterType,

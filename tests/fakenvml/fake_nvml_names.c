@@ -29,6 +29,7 @@ static const struct {
     {"nvmlDeviceGetPowerUsage", FN_POWER_USAGE},
     {"nvmlDeviceGetEnforcedPowerLimit", FN_ENFORCED_LIMIT},
     {"nvmlDeviceGetCurrentClocksEventReasons", FN_CLOCKS_EVENT_REASONS},
+    {"nvmlDeviceGetCurrentClocksThrottleReasons", FN_CLOCKS_THROTTLE_REASONS},
     {"nvmlDeviceGetTotalEccErrors", FN_TOTAL_ECC},
     {"nvmlDeviceGetRemappedRows", FN_REMAPPED_ROWS},
     {"nvmlDeviceGetRetiredPagesPendingStatus", FN_RETIRED_PENDING},

@@ -91,6 +91,24 @@ def test_throttle_reasons_from_masks(
     assert nvml_backend.readings(0).throttle_reasons == reasons
 
 
+def test_throttle_reasons_fall_back_to_the_older_name(
+    fake_nvml: FakeNvml, nvml_backend: NvmlBackend
+) -> None:
+    """A driver without nvmlDeviceGetCurrentClocksEventReasons (before 535) is read through
+    nvmlDeviceGetCurrentClocksThrottleReasons; only when both fail is the read failed."""
+    fake_nvml.set_clocks_event_reasons(0, SW_POWER_CAP)
+    fake_nvml.inject("nvmlDeviceGetCurrentClocksEventReasons", 0, "NVML_ERROR_FUNCTION_NOT_FOUND")
+    readings = nvml_backend.readings(0)
+    assert readings.throttle_reasons == (ThrottleReason.SW_POWER_CAP,)
+    assert readings.failed_reads == ()
+    assert fake_nvml.call_count("nvmlDeviceGetCurrentClocksThrottleReasons", 0) == 1
+    fake_nvml.inject("nvmlDeviceGetCurrentClocksEventReasons", 0, "NVML_ERROR_FUNCTION_NOT_FOUND")
+    fake_nvml.inject(
+        "nvmlDeviceGetCurrentClocksThrottleReasons", 0, "NVML_ERROR_FUNCTION_NOT_FOUND"
+    )
+    assert nvml_backend.readings(0).failed_reads == ("throttle_reasons",)
+
+
 def test_ecc_count_round_trips(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:
     """The volatile uncorrected ECC count is read back, and bumps add up."""
     fake_nvml.set_ecc_errors(0, 3)
