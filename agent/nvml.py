@@ -307,9 +307,7 @@ class NvmlBackend:
         enforced = read(
             "enforced_limit", lambda: int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
         )
-        mask = read(
-            "throttle_reasons", lambda: _clock_event_reasons(handle)
-        )
+        mask = read("throttle_reasons", lambda: _clock_event_reasons(handle))
         ecc = read(
             "ecc",
             lambda: int(

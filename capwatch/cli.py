@@ -1,5 +1,5 @@
-"""The ``capwatch`` command line: ``agent``, ``shim``, ``watch``, ``demo``, ``forget`` and
-``controller``.
+"""The ``capwatch`` command line: ``agent``, ``shim``, ``watch``, ``demo``, ``forget``,
+``controller``, ``pool`` and ``probe``.
 
 Configuration errors print one line (``capwatch agent: error: --interval: ...``)
 and exit 2; an agent that cannot start (no GPUs, no NVML) exits 1; a stop by
@@ -37,6 +37,7 @@ COMMANDS = {
     "forget": "tell the agent on this node that a GPU it capped is gone for good",
     "controller": "run the cluster controller ('controller cleanup' removes its Node condition)",
     "pool": "serve many simulated nodes from one process (scale tests, demos)",
+    "probe": "show what this node's GPUs answer through NVML (reads, events); writes nothing",
 }
 
 
@@ -99,6 +100,10 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         from server.pool import add_pool_arguments
 
         add_pool_arguments(parser)
+    elif command == "probe":
+        from agent.probing import add_probe_arguments
+
+        add_probe_arguments(parser)
     elif command == "controller":
         from controller.settings import add_controller_arguments
 
@@ -173,6 +178,14 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return run_forget(args, environ, sys.stdout)
     if args.command == "controller":
         return _controller(args, environ)
+    if args.command == "probe":
+        from agent.probing import probe_settings, run_probe
+        from agent.settings import LogFormat
+        from server.logs import configure_logging
+
+        probing = probe_settings(args, environ)
+        configure_logging("WARNING", LogFormat.TEXT)
+        return run_probe(probing, sys.stdout)
     if args.command == "pool":
         from server.logs import configure_logging
         from server.pool import pool_command, run_pool
