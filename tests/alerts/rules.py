@@ -16,7 +16,7 @@ RULES = FILES / "capwatch-rules.yaml"
 RULE_TESTS = FILES / "capwatch-rules-tests.yaml"
 CHART_README = ROOT / "charts" / "capwatch" / "README.md"
 # Every runbook_url is this base and an anchor of a heading in the chart's README.
-RUNBOOK_BASE = "https://github.com/capwatch/capwatch/blob/main/charts/capwatch/README.md"
+RUNBOOK_BASE = "charts/capwatch/README.md"
 
 # A rule's expression ends in one comparison with a number; without it, the
 # expression is the series the alert watches.
