@@ -63,7 +63,6 @@ GPU_COLUMNS = (
     Column(name="APPLIED", min=11, max=11, rank=1),
     Column(name="SOURCE", min=21, max=21, rank=2),
     Column(name="POWER", min=7, max=7, rank=3),
-    Column(name="FAULTS", min=9, max=40, rank=1, grow=6, floor=6),
 )
 DRA_COLUMNS = (
     Column(name="POOL", min=12, max=40, grow=2, floor=6),
@@ -268,6 +267,8 @@ def gpu_cells(device: pb.DeviceStatus) -> tuple[str, ...]:
     reason = device.reason or "-"
     if device.error_class:
         reason += f":{device.error_class}"
+    if device.faults:  # in REASON, shown at every width: a faulted GPU may read "ok"
+        reason += "; fault: " + ", ".join(f.summary for f in device.faults)
     return (
         str(device.index),
         _enum(pb.DeviceHealth, device.health, "DEVICE_HEALTH_"),
@@ -280,7 +281,6 @@ def gpu_cells(device: pb.DeviceStatus) -> tuple[str, ...]:
         applied,
         source,
         _power(device),
-        ", ".join(f.summary for f in device.faults) or "-",
     )
 
 
@@ -296,9 +296,8 @@ def _power(device: pb.DeviceStatus) -> str:
 def gpu_styles(device: pb.DeviceStatus) -> tuple[Style, ...]:
     health = _HEALTH_STYLE.get(_enum(pb.DeviceHealth, device.health, "DEVICE_HEALTH_"), "")
     outcome = _OUTCOME_STYLE.get(_enum(pb.Outcome, device.outcome, "OUTCOME_"), "")
-    failed = device.outcome == pb.OUTCOME_FAILED
-    faulted = FAILED if device.faults else ""
-    return ("", health, "", outcome, FAILED if failed else "", "", "", "", "", "", "", faulted)
+    bad = device.outcome == pb.OUTCOME_FAILED or bool(device.faults)
+    return ("", health, "", outcome, FAILED if bad else "", "", "", "", "", "", "")
 
 
 # --- DRA ---------------------------------------------------------------------------

@@ -9,8 +9,10 @@ from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.gen.v1 import dra_health_pb2 as v1_pb
 from server.mapping import READINESS_REASON
 from server.tables import (
+    FAILED,
     GPU_COLUMNS,
     fit,
+    gpu_styles,
     gpu_table,
     plain,
     render_cycle,
@@ -82,7 +84,6 @@ def test_cycle_table_shows_what_each_gpu_got():
         "(max)",
         "safe_default/disagree",
         "-",
-        "-",
     ]
     assert second == [
         "1",
@@ -96,13 +97,13 @@ def test_cycle_table_shows_what_each_gpu_got():
         "-",
         "-",
         "-",
-        "-",
     ]
 
 
 def test_a_faulted_gpu_shows_its_faults_and_power():
-    """FAULTS names the active faults by summary; POWER is the draw in watts, marked * while
-    the power cap holds the clocks back; unavailable telemetry is '-'."""
+    """A GPU's active faults are in its REASON, at every width (HEALTH is among the first
+    columns left out, and a faulted GPU's reason may be "ok"), and the reason is red;
+    POWER is the draw in watts, marked * while the power cap holds the clocks back."""
     device = pb.DeviceStatus(
         index=0,
         health=pb.DEVICE_HEALTH_UNHEALTHY,
@@ -113,11 +114,17 @@ def test_a_faulted_gpu_shows_its_faults_and_power():
             power_draw_milliwatts=250_400, throttle_reasons=["sw_power_cap"]
         ),
     )
-    lines = [plain(line) for line in gpu_table([device], None)]
-    assert lines[1].rstrip().endswith("250 W*   XID 79, GPU lost")
+    for width in (80, 120, None):
+        lines = [plain(line) for line in gpu_table([device], width)]
+        assert "ok; fault: XID 79, GPU lost" in lines[1], (width, lines)
+    assert "ok; fault: XID" in [plain(line) for line in gpu_table([device], 60)][1]
+    assert gpu_styles(device)[4] == FAILED
+    wide = [plain(line) for line in gpu_table([device], None)]
+    assert wide[1].rstrip().endswith("250 W*")
     device.ClearField("telemetry")
     device.ClearField("faults")
-    assert [plain(line) for line in gpu_table([device], None)][1].split()[-2:] == ["-", "-"]
+    assert [plain(line) for line in gpu_table([device], None)][1].split()[-1] == "-"
+    assert gpu_styles(device)[4] == ""
 
 
 def test_snapshot_heartbeat_and_unknown_values():
