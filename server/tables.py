@@ -56,7 +56,7 @@ GPU_COLUMNS = (
     Column(name="HEALTH", min=9, max=9, rank=6),
     Column(name="UUID", min=13, max=16, rank=4, grow=3),
     Column(name="OUTCOME", min=8, max=8),
-    Column(name="REASON", min=32, max=42, grow=2, floor=12),
+    Column(name="REASON", min=32, max=56, grow=2, floor=12),
     Column(name="OWNERS", min=16, max=48, grow=1, floor=8),
     Column(name="REQ W", min=5, max=6, rank=3, grow=4),
     Column(name="RES W", min=5, max=6, rank=5, grow=5),
