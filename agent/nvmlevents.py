@@ -227,7 +227,7 @@ class EventWatch:
                 found = None if key is None else self._index_by_key.get(key)
             if found is None:
                 self._problems.warning(
-                    "nvml %s event from an unknown device dropped: %s", kind, exc
+                    "nvml %s event from an unknown device dropped: %s", kind.value, exc
                 )
                 return
             index = found
