@@ -20,7 +20,11 @@ its target:
 - with shards: every node followed by exactly one shard, and the fraction of
   nodes that move when going from 2 to 3 shards.
 
-    PYTHONPATH=. .venv/bin/python bench/cluster.py [--nodes 5000] [--shards 1]
+``--json FILE`` writes the figures for bench/plot.py too: this run's replace
+those of the same ``--shards`` in FILE, and those of other shard counts stay
+(a FILE of another ``--nodes``, or not one of these, is refused before the run).
+
+    PYTHONPATH=. .venv/bin/python bench/cluster.py [--nodes 5000] [--shards 1] [--json FILE]
 """
 
 from __future__ import annotations
@@ -365,8 +369,11 @@ def report(
         abs(moved - 1 / 3) < 0.05,
     )
 
-    def ms(values: list[float]) -> dict[str, float]:
-        return {q: round(percentile(values, n) * 1000, 1) for q, n in (("p50", 50), ("p99", 99))}
+    def ms(values: list[float]) -> dict[str, float | None]:  # None: nothing to measure
+        return {
+            q: round(percentile(values, n) * 1000, 1) if values else None
+            for q, n in (("p50", 50), ("p99", 99))
+        }
 
     return {
         "shards": a.shards,

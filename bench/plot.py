@@ -48,6 +48,11 @@ mpl.use("Agg")  # files only: no display, the same output everywhere
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 30, not 3 x 10^1
+# On a log axis, minor ticks labelled at 2, 3 and 5 of each decade only.
+SPARSE = FuncFormatter(lambda value, _: f"{value:g}" if f"{value:e}"[0] in "235" else "")
 
 HERE = Path(__file__).resolve().parent
 CAPWATCH, BARE, TARGET = "tab:blue", "tab:gray", "tab:red"
@@ -97,8 +102,10 @@ def _list(figures: Any, *keys: str | int) -> list[Any]:
 
 
 def _footer(fig: Figure, figures: dict[str, Any]) -> None:
-    text = textwrap.fill(f"Measured: {_get(figures, 'source')}", 190)
-    fig.text(0.01, 0.01, text, fontsize=7, color="dimgray", va="bottom")
+    """The source at the bottom, wrapped to the figure's width, with room kept for it."""
+    lines = textwrap.wrap(f"Measured: {_get(figures, 'source')}", int(fig.get_figwidth() * 17))
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="dimgray", va="bottom")
+    fig.set_layout_engine("tight", rect=(0, 0.015 + 0.11 * len(lines) / fig.get_figheight(), 1, 1))
 
 
 def _target(ax: Axes, y: float, label: str) -> None:
@@ -110,20 +117,22 @@ def cycle(figures: dict[str, Any]) -> Figure:
     kube = _numbers(figures, "kube_ms")
     floor = _numbers(figures, "floor_ms")
     fig, ax = plt.subplots(figsize=(9, 5))
-    top = sorted(kube + floor)[int(0.995 * (len(kube) + len(floor) - 1))]
-    bins = [top * i / 60 for i in range(61)]
+    ordered = sorted(kube + floor)
+    low, top = ordered[0], ordered[int(0.995 * (len(ordered) - 1))]
+    bins = [low + (top - low) * i / 60 for i in range(61)]
     ax.hist(floor, bins=bins, alpha=0.6, color=BARE, label="in-memory pod view (floor)")
     ax.hist(kube, bins=bins, alpha=0.6, color=CAPWATCH, label="Kubernetes list+watch view")
     for data, color in ((kube, CAPWATCH), (floor, BARE)):
         ax.axvline(statistics.median(data), color=color, linestyle="--", linewidth=1)
     ax.axvline(2.0, color=TARGET, linewidth=1, label="target: median <= 2 ms")
+    ax.set_xlim(low - 0.05 * (top - low), max(top, 2.0) + 0.05 * (top - low))
     ax.set_xlabel("cycle time (ms), 99.5% of cycles shown")
     ax.set_ylabel("cycles")
     ax.set_title(
         f"One reconcile cycle: 8 GPUs, 110 pods, {len(kube):,} cycles each (median dashed): "
         f"{statistics.median(kube):.2f} against {statistics.median(floor):.2f} ms"
     )
-    ax.legend()
+    ax.legend(loc="upper right")
     _footer(fig, figures)
     return fig
 
@@ -141,6 +150,8 @@ def _paired_bars(
     ax.bar([x + width / 2 for x in xs], bare, width, color=BARE, label=labels[1])
     ax.set_xticks(list(xs), groups)
     ax.set_ylim(0, max(ours + bare) * 1.35)  # headroom for the legend and the labels
+    if len(groups) > 4:  # too many to label readably: the axis says
+        return
     for x, (a, b) in enumerate(zip(ours, bare, strict=True)):
         ax.text(x - width / 2, a, _short(a), ha="center", va="bottom", fontsize=7)
         ax.text(x + width / 2, b, _short(b), ha="center", va="bottom", fontsize=7)
@@ -264,16 +275,18 @@ def fanout(figures: dict[str, Any]) -> Figure:
         ax.set_xticks(xs, [f"{int(x):,}" for x in xs])
         ax.minorticks_off()
         ax.set_xlabel("subscribers (log)")
-    left.set_yscale("log")
+    for ax in (left, middle):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(PLAIN)
+        ax.yaxis.set_minor_formatter(SPARSE)
     left.set_ylabel("publish -> receive, ms (log)")
     left.set_title("latency over every delivery")
     left.legend(fontsize=8)
-    middle.set_yscale("log")
     middle.set_ylabel("ms (log)")
     middle.set_title("hand-off: one cycle handed to every stream")
     middle.legend(fontsize=8)
-    for key, marker, name in (("p99", "o", "p99"), ("hand_off", "s", "hand-off")):
-        ratios = [o / b for o, b in zip(series("capwatch", key), series("bare", key), strict=True)]
+    for key, marker, name in (("p99_ratio", "o", "p99"), ("hand_off_ratio", "s", "hand-off")):
+        ratios = [_number(figures, "points", i, key) for i in range(len(points))]
         right.plot(xs, ratios, marker=marker, label=f"{name} ratio")
     p99_target = _number(figures, "points", 0, "p99_target")
     hand_target = _number(figures, "points", 0, "hand_off_target")
@@ -281,7 +294,7 @@ def fanout(figures: dict[str, Any]) -> Figure:
     right.axhline(hand_target, color=TARGET, linestyle=":", linewidth=1, label="hand-off target")
     right.axhline(1.0, color=BARE, linewidth=0.8)
     right.set_ylim(0, max(2.0, right.get_ylim()[1]))
-    right.set_ylabel("capwatch / bare (medians of rounds)")
+    right.set_ylabel("capwatch / bare, median of the rounds' ratios")
     right.set_title("ratio to the bare broadcast (targets at 1,000)")
     right.legend(fontsize=8, loc="upper left")
     rounds = int(_number(figures, "points", 0, "rounds"))
@@ -447,7 +460,6 @@ def draw(results: Path, out: Path) -> list[Path]:
     written = []
     out.mkdir(parents=True, exist_ok=True)
     for path, fig in drawn:
-        fig.tight_layout(rect=(0, 0.04, 1, 1))
         target = out / f"{path.stem}.png"
         fig.savefig(target, dpi=100, metadata={"Software": None})
         plt.close(fig)

@@ -296,12 +296,12 @@ def test_stream_and_fanout_json_are_what_plot_reads(tmp_path: Path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_readyz_json_is_what_plot_reads(tmp_path: Path):
-    """bench/readyz.py at its smallest (4 clients, one short round) writes every round's
-    figures and the shim's memory in a file plot.py draws."""
+    """bench/readyz.py at its smallest (4 clients, one round of a second: wrk takes whole
+    seconds) writes every round's figures and the shim's memory in a file plot.py draws."""
     results = tmp_path / "results"
     results.mkdir()
     done = bench(
-        "readyz.py", "--clients", "4", "--seconds", "0.5", "--warmup", "0.2", "--rounds", "1",
+        "readyz.py", "--clients", "4", "--seconds", "1", "--warmup", "1", "--rounds", "1",
         "--json", str(results / "readyz.json"),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
