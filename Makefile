@@ -8,7 +8,7 @@ FAKENVML := build/fakenvml
 HELM   := build/tools/helm
 CHART  := charts/capwatch
 
-.PHONY: setup demo test lint chart pytest fakenvml bench bench-stream bench-cluster bench-plots clean proto proto-baseline dashboard
+.PHONY: setup demo test lint chart pytest fakenvml bench bench-stream bench-fanout bench-cluster bench-plots clean proto proto-baseline dashboard
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,11 +73,12 @@ test: lint pytest
 # Benchmarks print figures for reading (bench/README.md); they assert nothing.
 bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cycle.py --json bench/results/cycle.json
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/readyz.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py --json bench/results/stream.json
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/fanout.py --json bench/results/fanout.json
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/readyz.py --json bench/results/readyz.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/crash.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/controller.py
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --json bench/results/cluster.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cap_series.py
 	$(BIN)/python bench/plot.py
 
@@ -87,11 +88,15 @@ bench-plots: setup
 
 # The simulated 5,000-node cluster alone (about five minutes: pools, API server, controller).
 bench-cluster: setup
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --json bench/results/cluster.json
 
 # The gRPC stream alone (about three minutes: spawns servers and 1,000-stream clients).
 bench-stream: setup
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py --json bench/results/stream.json
+
+# Fan-out against 10, 100, 300 and 1,000 subscribers (about two minutes).
+bench-fanout: setup
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/fanout.py --json bench/results/fanout.json
 
 clean:
 	rm -rf build $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

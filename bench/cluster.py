@@ -20,7 +20,11 @@ its target:
 - with shards: every node followed by exactly one shard, and the fraction of
   nodes that move when going from 2 to 3 shards.
 
-    PYTHONPATH=. .venv/bin/python bench/cluster.py [--nodes 5000] [--shards 1]
+``--json FILE`` writes the figures for bench/plot.py too: this run's replace
+those of the same ``--shards`` in FILE, and those of other shard counts stay
+(a FILE of another ``--nodes``, or not one of these, is refused before the run).
+
+    PYTHONPATH=. .venv/bin/python bench/cluster.py [--nodes 5000] [--shards 1] [--json FILE]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -57,6 +62,7 @@ from bench.cluster_procs import (
     start_controllers,
     start_pools,
 )
+from bench.figures import check_writable, this_run, write_json
 from controller.sharding import shard_of
 from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from server.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
@@ -226,7 +232,7 @@ async def ownership(run: Run) -> dict[str, int]:
     return owned
 
 
-async def measure(run: Run) -> int:
+async def measure(run: Run) -> dict[str, Any]:
     a = run.args
     pools_ready = await start(run)
     took = await subscribed(run)
@@ -248,8 +254,7 @@ async def measure(run: Run) -> int:
     for task in tasks:
         task.cancel()
     owned = await ownership(run) if a.shards > 1 else {}
-    report(run, took=took, calm=calm, received=received, owned=owned)
-    return 0
+    return report(run, took=took, calm=calm, received=received, owned=owned)
 
 
 def report(
@@ -259,7 +264,8 @@ def report(
     calm: Steady,
     received: list[list[tuple[str, str, float]]],
     owned: dict[str, int],
-) -> None:
+) -> dict[str, Any]:
+    """Print the figures beside their targets; return them for --json."""
     a = run.args
     failed = failures(run)
     writes = api_writes(run)
@@ -363,6 +369,35 @@ def report(
         abs(moved - 1 / 3) < 0.05,
     )
 
+    def ms(values: list[float]) -> dict[str, float | None]:  # None: nothing to measure
+        return {
+            q: round(percentile(values, n) * 1000, 1) if values else None
+            for q, n in (("p50", 50), ("p99", 99))
+        }
+
+    return {
+        "shards": a.shards,
+        "subscribed_s": round(took, 2),
+        "controllers": [
+            {
+                "shard": c.shard,
+                "nodes": shares[c.shard],
+                "cores": round(calm.cpu[c.shard], 4),
+                "rss_mib": round(calm.rss[c.shard], 1),
+            }
+            for c in run.controllers
+        ],
+        "steady_s": round(calm.window_s, 1),
+        "writes_per_s": round(calm.writes_per_s, 3),
+        "failing": len(failed),
+        "detected": len(down),
+        "latency_ms": {"to_false": ms(down), "to_true": ms(up), "stream": ms(fan)},
+        "updates": {"seen": len(fan), "expected": expected},
+        "strangers": strangers,
+        "followed_once": sum(1 for v in owned.values() if v == 1) if owned else None,
+        "moved_2_to_3": round(moved, 4),
+    }
+
 
 def main(*, description: str = __doc__ or "", nodes: int = 5000, fail_at: float = 120.0) -> int:
     parser = argparse.ArgumentParser(description=description.split("\n\n", maxsplit=1)[0])
@@ -379,15 +414,50 @@ def main(*, description: str = __doc__ or "", nodes: int = 5000, fail_at: float 
     parser.add_argument("--fail-at", type=float, default=fail_at, help="s after the pools start")
     parser.add_argument("--fail-for", type=float, default=30.0)
     parser.add_argument("--keep", type=Path, help="keep the logs and records in this directory")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="also write the figures here (bench/plot.py), beside those of other --shards",
+    )
     args = parser.parse_args()
+    # Refused now, not after the run: a file that cannot take this run's figures.
+    earlier = earlier_runs(args.json, args.nodes, args.shards)
     with tempfile.TemporaryDirectory(prefix="capwatch-cluster-bench-") as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         run = Run(args=args, work=work)
         try:
-            return asyncio.run(measure(run))
+            figures = asyncio.run(measure(run))
         finally:
             run.stop()
+    if args.json is not None:
+        write_runs(args.json, args.nodes, [*earlier, {"source": this_run(), **figures}])
+    return 0
+
+
+def earlier_runs(path: Path | None, nodes: int, this_shards: int) -> list[dict[str, Any]]:
+    """The runs a --json FILE already holds for the other shard counts (this run's count
+    is measured again); SystemExit, one line, for a file this run must not overwrite."""
+    check_writable(path)
+    if path is None or not path.exists():
+        return []
+    try:
+        held = json.loads(path.read_text())
+        runs, held_nodes = held["runs"], held["nodes"]
+        shards = [int(r["shards"]) for r in runs]
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise SystemExit(f"--json {path}: not a cluster.py results file ({exc!r})") from exc
+    if held_nodes != nodes:
+        raise SystemExit(
+            f"--json {path}: holds {held_nodes}-node runs, this one is {nodes}: another file"
+        )
+    return [r for r, n in zip(runs, shards, strict=True) if n != this_shards]
+
+
+def write_runs(path: Path, nodes: int, runs: list[dict[str, Any]]) -> None:
+    runs = sorted(runs, key=lambda r: int(r["shards"]))
+    summary = "; ".join(f"{r['shards']} shard(s): {r['source']}" for r in runs)
+    write_json(path, {"nodes": nodes, "runs": runs}, source=summary)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ Run: ``make bench`` (or ``PYTHONPATH=. .venv/bin/python bench/cycle.py``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -38,6 +36,7 @@ from agent.reconciling import Policy, Reconciler
 from agent.scenario import parse_scenario
 from agent.simulation import SimWorld
 from agent.simviews import SimGpuBackend
+from bench.figures import check_writable, write_json
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.fakes.pods import StaticPodView
 
@@ -163,6 +162,7 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--json", type=Path, help="also write every cycle's time here")
     args = parser.parse_args()
+    check_writable(args.json)
 
     server = FakeKubeApiServer()
     server.start()
@@ -221,20 +221,16 @@ def main() -> int:
 
     print_figures(args.cycles, kube_ms, floor_ms, list_ms, lists, watches)
     if args.json is not None:
-        write_json(args.json, kube_ms, floor_ms)
+        write_json(args.json, cycle_figures(kube_ms, floor_ms))
     return 0
 
 
-def write_json(path: Path, kube_ms: list[float], floor_ms: list[float]) -> None:
+def cycle_figures(kube_ms: list[float], floor_ms: list[float]) -> dict[str, object]:
     """Every cycle's time, for bench/plot.py's distribution."""
-    figures = {
-        "source": "bench/cycle.py --json",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()} cores, Python {sys.version.split()[0]}",
+    return {
         "kube_ms": [round(ms, 4) for ms in kube_ms],
         "floor_ms": [round(ms, 4) for ms in floor_ms],
     }
-    path.write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

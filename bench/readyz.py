@@ -35,6 +35,8 @@ connect is not in it); the Python generator's from the connect. On 2 cores
 the Python generator saturates before either server does, so its ratio is
 near 1 whatever the shim costs: prefer wrk.
 
+``--json FILE`` writes every round's figures for bench/plot.py too.
+
 Run: ``make bench`` (or ``PYTHONPATH=. .venv/bin/python bench/readyz.py``).
 """
 
@@ -52,10 +54,12 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+from bench.figures import check_writable, write_json
+from bench.readyz_figures import Figures, Load, Measured, json_figures, report
 
 HOST = "127.0.0.1"
 INTERVAL_S = 0.5  # between published cycles; the harness makes them stale after 1.5 s
@@ -79,24 +83,6 @@ done = function(summary, latency, requests)
     e.timeout, latency:percentile(50) / 1e3, latency:percentile(99) / 1e3, latency.max / 1e3))
 end
 """
-
-
-@dataclass(frozen=True, kw_only=True)
-class Load:
-    """One load run's figures, from either generator."""
-
-    answered: int  # complete answers, whatever their status
-    non_200: int
-    errors: dict[str, int]  # connect/read/write/timeout failures, no answer
-    seconds: float
-    p50_ms: float
-    p99_ms: float
-    max_ms: float
-    client_cpu_s: float
-
-    @property
-    def per_s(self) -> float:
-        return self.answered / self.seconds
 
 
 async def _baseline_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -289,30 +275,6 @@ async def stop_child(proc: asyncio.subprocess.Process) -> int | None:
     return proc.returncode
 
 
-@dataclass(frozen=True, kw_only=True)
-class Measured:
-    load: Load
-    server_cpu_s: float
-
-    @property
-    def failed(self) -> int:
-        """Requests without a 200: no answer at all, or another status."""
-        return sum(self.load.errors.values()) + self.load.non_200
-
-
-@dataclass(frozen=True, kw_only=True)
-class Figures:
-    shim: Measured  # the best round by requests/s
-    bare: Measured
-    shim_failed: int  # requests without a 200 over every round
-    ready_kib: int  # the shim's RSS once ready, before any load
-    warm_kib: int  # after the warm-up load
-    after_kib: int  # after the measured load
-    peak_kib: int  # VmHWM at the end
-    final: str  # a probe's answer after the load
-    shim_exit: int | None
-
-
 async def measure(
     pid: int, port: int, args: argparse.Namespace, wrk: str | None
 ) -> tuple[Measured, int]:
@@ -382,47 +344,13 @@ async def measure_all(args: argparse.Namespace, wrk: str | None, shim_log: Any) 
         shim=max(shims, key=lambda m: m.load.per_s),
         bare=max(bares, key=lambda m: m.load.per_s),
         shim_failed=sum(m.failed for m in shims),
+        rounds=tuple(zip(shims, bares, strict=True)),
         ready_kib=ready_kib,
         warm_kib=warm_kib,
         after_kib=after_kib,
         peak_kib=peak_kib,
         final=f"{status} {body.decode().strip()}",
         shim_exit=shim_exit,
-    )
-
-
-def line(name: str, m: Measured) -> str:
-    load = m.load
-    detail = ", ".join(f"{k} {v}" for k, v in load.errors.items() if v) or "none"
-    return (
-        f"    {name:<21} {load.per_s:6.0f} req/s  p50 {load.p50_ms:5.1f} ms  "
-        f"p99 {load.p99_ms:5.1f} ms  max {load.max_ms:5.0f} ms  non-200 {load.non_200}  "
-        f"no answer: {detail}\n{'':26}CPU over the run: server {m.server_cpu_s / load.seconds:.0%},"
-        f" load generator {load.client_cpu_s / load.seconds:.0%}"
-    )
-
-
-def report(f: Figures, args: argparse.Namespace) -> None:
-    ours, bare = f.shim, f.bare
-    ratio = ours.load.per_s / bare.load.per_s
-    p50x, p99x = ours.load.p50_ms / bare.load.p50_ms, ours.load.p99_ms / bare.load.p99_ms
-    # A shim that drops requests has not met the target, however fast the rest were.
-    met = ratio >= 0.5 and f.shim_failed == 0
-    dropped = "" if met else f"; {f.shim_failed} requests without a 200 over all rounds"
-    print(
-        f"  GET /readyz, {args.clients} clients, best of {args.rounds} alternated rounds by "
-        "answered requests/s:\n"
-        f"{line('capwatch shim', ours)}\n{line('bare asyncio handler', bare)}\n"
-        f"    ratio shim/baseline {ratio:.2f} req/s "
-        f"(latency p50 {p50x:.2f}x, p99 {p99x:.2f}x)  "
-        f"[target >= 0.5 with every request a 200: {verdict(met)}{dropped}]\n"
-        f"    a probe after the load: {f.final!r}"
-    )
-    worst = max(f.after_kib, f.peak_kib) / 1024
-    print(
-        f"  shim RSS: ready {f.ready_kib / 1024:.1f} MiB, after warm-up "
-        f"{f.warm_kib / 1024:.1f} MiB, after the load {f.after_kib / 1024:.1f} MiB "
-        f"(peak {f.peak_kib / 1024:.1f} MiB)  [target <= 60 MiB: {verdict(worst <= 60)}]"
     )
 
 
@@ -458,11 +386,9 @@ async def bench(args: argparse.Namespace) -> int:
     if figures.shim_exit != 0 or "Traceback" in log:
         print(f"  shim's log:\n{log}", file=sys.stderr)
         return 1
+    if args.json is not None:
+        write_json(args.json, json_figures(figures, args, generator))
     return 0
-
-
-def verdict(ok: bool) -> str:
-    return "met" if ok else "MISSED"
 
 
 def main() -> int:
@@ -475,7 +401,9 @@ def main() -> int:
     # Internal: the children this bench spawns.
     parser.add_argument("--role", choices=("bench", "baseline", "load"), default="bench")
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="also write the figures here (bench/plot.py)")
     args = parser.parse_args()
+    check_writable(args.json)
     if args.role == "baseline":
         asyncio.run(serve_baseline())
         return 0

@@ -34,6 +34,9 @@ of the rounds' ratios):
 
 The machine is often shared: the load average is printed before and after.
 
+``--json FILE`` writes the figures for bench/plot.py too (its docstring has the
+shape). bench/fanout.py runs the fan-out part at several subscriber counts.
+
 Run: ``make bench-stream`` (or ``PYTHONPATH=. .venv/bin/python bench/stream.py``).
 """
 
@@ -45,10 +48,12 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from bench.figures import check_writable, write_json
 from bench.stream_procs import GPUS, REPLAY, Child, spread
 
 
@@ -64,6 +69,7 @@ def verdict(ok: bool) -> str:
 THROUGHPUT_TARGET = 0.8  # capwatch / bare messages per second, at least
 P99_TARGET = 1.2  # capwatch / bare fan-out latency p99, at most
 HAND_OFF_TARGET = 1.3  # capwatch / bare time to hand one cycle to every stream, at most
+CYCLE_TARGET = 1.1  # cycle until published with subscribers / without, at most
 WARM_UP_S = 0.5  # of each throughput round, before counting
 
 
@@ -73,7 +79,7 @@ def paired(rounds: int) -> list[tuple[str, str]]:
     return [("bare", "ours") if i % 2 == 0 else ("ours", "bare") for i in range(rounds)]
 
 
-def throughput(stack: contextlib.ExitStack, args: argparse.Namespace) -> float:
+def throughput(stack: contextlib.ExitStack, args: argparse.Namespace) -> dict[str, Any]:
     client = stack.enter_context(contextlib.closing(Child("client", "tput-client")))
     # One server of each kind for every round, so rounds alternate within seconds of
     # each other rather than after a restart each (the replay ring takes a few to fill).
@@ -136,10 +142,23 @@ def throughput(stack: contextlib.ExitStack, args: argparse.Namespace) -> float:
         f"also publishes every cycle it sends: {costs['publish_s'] * 1e6:.0f} us each, and the "
         f"Watch feed encodes it once for every stream: {costs['encode_s'] * 1e6:.0f} us)"
     )
-    return ratio
+    return {
+        "seconds": args.seconds,
+        "msg_s": {
+            "capwatch": [round(f["per_s"]) for f in rounds["ours"]],
+            "bare": [round(f["per_s"]) for f in rounds["bare"]],
+        },
+        "server_us": {
+            "capwatch": [round(f["server_us"], 1) for f in rounds["ours"]],
+            "bare": [round(f["server_us"], 1) for f in rounds["bare"]],
+        },
+        "live_msg_s": round(live["per_s"]),
+        "ratio": round(ratio, 3),
+        "target": THROUGHPUT_TARGET,
+    }
 
 
-def fan_out(stack: contextlib.ExitStack, args: argparse.Namespace) -> tuple[float, float]:
+def fan_out(stack: contextlib.ExitStack, args: argparse.Namespace) -> dict[str, Any]:
     # Each kind has its server, its client processes and its 1,000 subscribers for
     # every round: a round publishes to one kind's streams while the other's idle.
     kinds = {"bare": "bare-broadcast", "ours": "hub"}
@@ -236,10 +255,37 @@ def fan_out(stack: contextlib.ExitStack, args: argparse.Namespace) -> tuple[floa
         f"[target <= {HAND_OFF_TARGET}: {verdict(hand_ratio <= HAND_OFF_TARGET)}]\n"
         f"  server RSS per idle subscriber: capwatch {rss('ours')}; bare grpc.aio {rss('bare')}"
     )
-    return p99_ratio, hand_ratio
+
+    def kind(who: str) -> dict[str, Any]:
+        results = rounds[who]
+        idle, busy = memory[who]
+        return {
+            **{
+                key: round(statistics.median(f[key] for f in results), 2)
+                for key in ("p50", "p99", "max", "hand_off")
+            },
+            "p99_rounds": [round(f["p99"], 2) for f in results],
+            "hand_off_rounds": [round(f["hand_off"], 2) for f in results],
+            "short": sum(f["short"] for f in results),
+            "kib_per_subscriber": round((busy - idle) / args.subscribers, 2),
+        }
+
+    return {
+        "subscribers": args.subscribers,
+        "channels": args.channels,
+        "cycles": args.cycles,
+        "pace_s": args.pace,
+        "rounds": args.fanout_rounds,
+        "capwatch": kind("ours"),
+        "bare": kind("bare"),
+        "p99_ratio": round(p99_ratio, 3),
+        "hand_off_ratio": round(hand_ratio, 3),
+        "p99_target": P99_TARGET,
+        "hand_off_target": HAND_OFF_TARGET,
+    }
 
 
-def cycle_cost(stack: contextlib.ExitStack, args: argparse.Namespace) -> None:
+def cycle_cost(stack: contextlib.ExitStack, args: argparse.Namespace) -> dict[str, Any]:
     server = stack.enter_context(contextlib.closing(Child("server", "agent-server")))
     client = stack.enter_context(contextlib.closing(Child("client", "unread-client")))
     target = server.call("start", "agent")
@@ -319,7 +365,8 @@ def cycle_cost(stack: contextlib.ExitStack, args: argparse.Namespace) -> None:
             before = after
     # The median round: one round caught in a slow spell does not decide.
     verdicts = "; ".join(
-        f"{name} {statistics.median(r):.2f} [target <= 1.1: {verdict(statistics.median(r) <= 1.1)}]"
+        f"{name} {statistics.median(r):.2f} "
+        f"[target <= {CYCLE_TARGET}: {verdict(statistics.median(r) <= CYCLE_TARGET)}]"
         for name, r in ratios.items()
     )
     print(
@@ -331,6 +378,13 @@ def cycle_cost(stack: contextlib.ExitStack, args: argparse.Namespace) -> None:
         + "\n".join(lines)
         + f"\n    published ratio, median of rounds: {verdicts}"
     )
+    return {
+        "subscribers": n,
+        "ratios": {
+            name.removeprefix(f"{n} "): [round(r, 3) for r in rs] for name, rs in ratios.items()
+        },
+        "target": CYCLE_TARGET,
+    }
 
 
 def main() -> int:
@@ -349,22 +403,29 @@ def main() -> int:
     parser.add_argument("--loop-interval", type=float, default=0.2)
     parser.add_argument("--cycle-rounds", type=int, default=3)
     parser.add_argument("--only", choices=("throughput", "fanout", "cycle"))
+    parser.add_argument("--json", type=Path, help="also write the figures here (bench/plot.py)")
     args = parser.parse_args()
+    check_writable(args.json)
     print(
         f"capwatch stream benchmark: {GPUS}-GPU cycle reports, Python "
         f"{sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.2f} at start"
     )
     started = time.monotonic()
+    load_at_start = os.getloadavg()[0]
     summary = []
+    measured: dict[str, Any] = {}
     if args.only in (None, "throughput"):
         with contextlib.ExitStack() as stack:
-            ratio = throughput(stack, args)
+            measured["throughput"] = throughput(stack, args)
+        ratio = measured["throughput"]["ratio"]
         met = verdict(ratio >= THROUGHPUT_TARGET)
         summary.append(f"throughput {ratio:.2f} (>= {THROUGHPUT_TARGET}: {met})")
     if args.only in (None, "fanout"):
         with contextlib.ExitStack() as stack:
-            p99_ratio, hand_ratio = fan_out(stack, args)
+            measured["fanout"] = fan_out(stack, args)
+        p99_ratio = measured["fanout"]["p99_ratio"]
+        hand_ratio = measured["fanout"]["hand_off_ratio"]
         summary += [
             f"fan-out p99 {p99_ratio:.2f} (<= {P99_TARGET}: {verdict(p99_ratio <= P99_TARGET)})",
             f"hand-off {hand_ratio:.2f} (<= {HAND_OFF_TARGET}: "
@@ -372,13 +433,16 @@ def main() -> int:
         ]
     if args.only in (None, "cycle"):
         with contextlib.ExitStack() as stack:
-            cycle_cost(stack, args)
+            measured["cycle"] = cycle_cost(stack, args)
     if summary:
         print("  capwatch / bare, this run: " + "; ".join(summary))
     print(
         f"  ({time.monotonic() - started:.0f} s in all; load average "
         f"{os.getloadavg()[0]:.2f} at the end)"
     )
+    if args.json is not None:
+        load = [round(load_at_start, 2), round(os.getloadavg()[0], 2)]
+        write_json(args.json, {"load_average": load, **measured})
     return 0
 
 

@@ -1,19 +1,72 @@
-"""bench/plot.py draws a PNG per results file, and refuses a bad one in one line."""
+"""bench/plot.py draws a PNG per results file, and refuses a bad one in one line; each
+bench's --json file is one plot.py draws."""
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from bench.cluster import earlier_runs, write_runs
+from bench.cycle import cycle_figures
+from bench.figures import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PLOT = ROOT / "bench" / "plot.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-FIXTURE = {
+
+def fanout_point(subscribers: int, scale: float) -> dict[str, Any]:
+    def kind(factor: float) -> dict[str, Any]:
+        return {
+            "p50": 2 * scale * factor,
+            "p99": 9 * scale * factor,
+            "max": 12 * scale * factor,
+            "hand_off": 4 * scale * factor,
+            "p99_rounds": [9 * scale * factor] * 2,
+            "hand_off_rounds": [4 * scale * factor] * 2,
+            "short": 0,
+            "kib_per_subscriber": 27.5 if factor > 1 else 22.0,
+        }
+
+    return {
+        "subscribers": subscribers,
+        "channels": min(10, subscribers),
+        "cycles": 20,
+        "pace_s": 0.2,
+        "rounds": 3,
+        "capwatch": kind(1.1),
+        "bare": kind(1.0),
+        "p99_ratio": 1.1,
+        "hand_off_ratio": 1.1,
+        "p99_target": 1.2,
+        "hand_off_target": 1.3,
+    }
+
+
+def cluster_run(shards: int) -> dict[str, Any]:
+    return {
+        "source": f"test, {shards} shard(s)",
+        "shards": shards,
+        "controllers": [
+            {"shard": k, "nodes": 20 // shards, "cores": 0.1 / shards, "rss_mib": 100 / shards}
+            for k in range(shards)
+        ],
+        "latency_ms": {
+            "to_false": {"p50": 5, "p99": 40},
+            "to_true": {"p50": 6, "p99": 500},
+            "stream": {"p50": 0, "p99": 30},
+        },
+    }
+
+
+FIXTURE: dict[str, dict[str, Any]] = {
     "cycle": {
         "source": "test",
         "kube_ms": [1.0 + i / 100 for i in range(50)],
@@ -21,28 +74,37 @@ FIXTURE = {
     },
     "stream": {
         "source": "test",
-        "fanout": {
-            "subscribers": 10,
-            "latency_ms": {"A": {"capwatch": {"p50": 3, "p99": 9}, "bare": {"p50": 2, "p99": 8}}},
-            "handoff_ms": {"A": {"capwatch": 4, "bare": 3}},
+        "throughput": {
+            "msg_s": {"capwatch": [900, 950, 870], "bare": [1000, 990, 1020]},
+            "ratio": 0.9,
+            "target": 0.8,
         },
-        "throughput_msg_s": {"A": {"capwatch": 900, "bare": 1000}},
+        "fanout": fanout_point(10, 1.0),
+        "cycle": {
+            "subscribers": 10,
+            "ratios": {"frozen": [1.0, 1.05, 0.98], "never reading": [1.02, 1.1, 0.99]},
+            "target": 1.1,
+        },
+    },
+    "fanout": {
+        "source": "test",
+        "points": [fanout_point(n, n / 100) for n in (10, 100, 1000)],
     },
     "readyz": {
         "source": "test",
         "clients": 10,
-        "shim": {"req_s": [100], "p50_ms": [1, 2], "p99_ms": [3, 4]},
-        "bare": {"req_s": [150], "p50_ms": [1, 1], "p99_ms": [2, 3]},
+        "load_generator": "test",
+        "rounds": [
+            {
+                "shim": {"req_s": 100, "p50_ms": 1, "p99_ms": 3},
+                "bare": {"req_s": 150, "p50_ms": 1, "p99_ms": 2},
+            }
+        ],
+        "ratio_target": 0.5,
+        "rss_mib": {"ready": 40, "warm": 42, "after": 43, "peak": 43},
+        "rss_target_mib": 60,
     },
-    "cluster": {
-        "source": "test",
-        "nodes": 20,
-        "latency_ms": {"failed -> False": [{"p50": 5, "p99": 40}]},
-        "shards": {
-            "1": {"cores": [0.1], "rss_mib": [100]},
-            "2": {"cores": [0.05], "rss_mib": [60]},
-        },
-    },
+    "cluster": {"source": "test", "nodes": 20, "runs": [cluster_run(1), cluster_run(2)]},
 }
 
 
@@ -57,9 +119,17 @@ def run_plot(results: Path, out: Path) -> subprocess.CompletedProcess[str]:
 
 
 def write_results(directory: Path, figures: dict[str, object]) -> None:
-    directory.mkdir()
+    directory.mkdir(exist_ok=True)
     for name, content in figures.items():
         (directory / f"{name}.json").write_text(json.dumps(content))
+
+
+def assert_pngs(out: Path, names: list[str]) -> None:
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{name}.png" for name in names)
+    for name in names:
+        data = (out / f"{name}.png").read_bytes()
+        assert data.startswith(PNG_SIGNATURE), name
+        assert len(data) > 10_000, name  # more than an empty canvas
 
 
 @pytest.mark.slow
@@ -69,12 +139,25 @@ def test_each_results_file_becomes_a_png(tmp_path: Path):
     write_results(tmp_path / "results", FIXTURE)
     done = run_plot(tmp_path / "results", tmp_path / "plots")
     assert done.returncode == 0, done.stderr
-    written = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert written == sorted(f"{name}.png" for name in FIXTURE)
-    for name in FIXTURE:
-        data = (tmp_path / "plots" / f"{name}.png").read_bytes()
-        assert data.startswith(PNG_SIGNATURE), name
-        assert len(data) > 10_000, name
+    assert_pngs(tmp_path / "plots", list(FIXTURE))
+
+
+def _without(name: str, *keys: str | int) -> dict[str, Any]:
+    figures = copy.deepcopy(FIXTURE[name])
+    parent: Any = figures
+    for key in keys[:-1]:
+        parent = parent[key]
+    del parent[keys[-1]]
+    return figures
+
+
+def _with(name: str, value: object, *keys: str | int) -> dict[str, Any]:
+    figures = copy.deepcopy(FIXTURE[name])
+    parent: Any = figures
+    for key in keys[:-1]:
+        parent = parent[key]
+    parent[keys[-1]] = value
+    return figures
 
 
 @pytest.mark.parametrize(
@@ -82,8 +165,29 @@ def test_each_results_file_becomes_a_png(tmp_path: Path):
     [
         ("cycle", {"floor_ms": [1.0]}, "cycle.json: no kube_ms"),
         ("cycle", {"kube_ms": ["1"], "floor_ms": [1.0]}, "kube_ms is not a list of numbers"),
+        ("cycle", _without("cycle", "source"), "cycle.json: no source"),
         ("readyz", [1, 2], "readyz.json: not a JSON object"),
-        ("crash", {}, "crash.json: no chart for it (known: cycle, stream, readyz, cluster)"),
+        ("readyz", _with("readyz", "fast", "rounds", 0, "shim", "req_s"), "rounds[0].shim.req_s"),
+        ("readyz", _with("readyz", [], "rounds"), "readyz.json: rounds is not a non-empty list"),
+        ("stream", {"source": "x"}, "stream.json: no throughput, fanout or cycle"),
+        ("stream", _without("stream", "fanout", "capwatch", "p99"), "no fanout.capwatch.p99"),
+        (
+            "stream",
+            _with("stream", [1.0], "throughput", "msg_s", "bare"),
+            "capwatch and bare have different rounds",
+        ),
+        ("fanout", _without("fanout", "points", 1, "bare"), "fanout.json: no points[1].bare"),
+        (
+            "fanout",
+            _with("fanout", 5, "points", 2, "subscribers"),
+            "points: subscribers do not rise",
+        ),
+        ("cluster", _without("cluster", "runs", 1, "latency_ms"), "no runs[1].latency_ms"),
+        (
+            "crash",
+            {},
+            "crash.json: no chart for it (known: cycle, stream, fanout, readyz, cluster)",
+        ),
     ],
 )
 def test_bad_results_are_refused_in_one_line(
@@ -100,6 +204,19 @@ def test_bad_results_are_refused_in_one_line(
     assert message in lines[0]
 
 
+def test_a_bad_file_replaces_no_chart(tmp_path: Path):
+    """One bad file among good ones: exit 2 before any PNG is written, so the charts
+    already there (of the good files' earlier figures) are kept as they were."""
+    write_results(tmp_path / "results", {"cycle": FIXTURE["cycle"], "stream": {"source": "x"}})
+    out = tmp_path / "plots"
+    out.mkdir()
+    (out / "cycle.png").write_bytes(b"earlier chart")
+    done = run_plot(tmp_path / "results", out)
+    assert done.returncode == 2
+    assert "stream.json" in done.stderr
+    assert (out / "cycle.png").read_bytes() == b"earlier chart"
+
+
 def test_unparseable_json_and_no_results_are_one_line(tmp_path: Path):
     """JSON that does not parse names its file; an empty results folder says so."""
     (tmp_path / "results").mkdir()
@@ -114,10 +231,123 @@ def test_unparseable_json_and_no_results_are_one_line(tmp_path: Path):
 
 
 def test_committed_plots_are_the_committed_results():
-    """Every committed results file has its committed PNG beside the README that links it."""
+    """Every committed results file has its committed PNG beside the README that links it,
+    and says where its figures come from (a bench's command, not a hand-typed table)."""
     results = sorted(p.stem for p in (ROOT / "bench" / "results").glob("*.json"))
-    assert results == ["cluster", "cycle", "readyz", "stream"]
+    assert results == ["cluster", "cycle", "fanout", "readyz", "stream"]
     readme = (ROOT / "bench" / "README.md").read_text()
     for name in results:
         assert (ROOT / "bench" / "plots" / f"{name}.png").read_bytes().startswith(PNG_SIGNATURE)
         assert f"(plots/{name}.png)" in readme, name
+        source = json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())["source"]
+        assert f"bench/{name}.py" in source, (name, source)
+
+
+def bench(script: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, f"bench/{script}", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_cycle_json_is_what_plot_reads(tmp_path: Path):
+    """bench/cycle.py's --json writer, on a few cycles' times, gives a file plot.py draws,
+    with the date, the machine and the command in its source."""
+    results = tmp_path / "results"
+    results.mkdir()
+    write_json(results / "cycle.json", cycle_figures([1.1, 1.2, 1.3], [1.0, 1.05, 1.1]))
+    source = json.loads((results / "cycle.json").read_text())["source"]
+    assert "cores" in source
+    assert "Python" in source
+    assert ": python bench/" in source
+    done = run_plot(results, tmp_path / "plots")
+    assert done.returncode == 0, done.stderr
+    assert_pngs(tmp_path / "plots", ["cycle"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_stream_and_fanout_json_are_what_plot_reads(tmp_path: Path):
+    """bench/stream.py's fan-out part and bench/fanout.py's sweep, at their smallest (a few
+    subscribers, two rounds of three cycles), write files plot.py draws."""
+    results = tmp_path / "results"
+    results.mkdir()
+    tiny = ("--fanout-rounds", "2", "--cycles", "3", "--pace", "0.05")
+    done = bench(
+        "stream.py", "--only", "fanout", "--subscribers", "4", *tiny,
+        "--json", str(results / "stream.json"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    done = bench("fanout.py", "--subscribers", "2,4", *tiny, "--json", str(results / "fanout.json"))
+    assert done.returncode == 0, done.stderr
+    points = json.loads((results / "fanout.json").read_text())["points"]
+    assert [p["subscribers"] for p in points] == [2, 4]
+    assert all(p["capwatch"]["short"] == p["bare"]["short"] == 0 for p in points)
+    done = run_plot(results, tmp_path / "plots")
+    assert done.returncode == 0, done.stderr
+    assert_pngs(tmp_path / "plots", ["fanout", "stream"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_readyz_json_is_what_plot_reads(tmp_path: Path):
+    """bench/readyz.py at its smallest (4 clients, one round of a second: wrk takes whole
+    seconds) writes every round's figures and the shim's memory in a file plot.py draws."""
+    results = tmp_path / "results"
+    results.mkdir()
+    done = bench(
+        "readyz.py", "--clients", "4", "--seconds", "1", "--warmup", "1", "--rounds", "1",
+        "--json", str(results / "readyz.json"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads((results / "readyz.json").read_text())
+    assert len(figures["rounds"]) == 1
+    assert figures["rounds"][0]["shim"]["req_s"] > 0
+    done = run_plot(results, tmp_path / "plots")
+    assert done.returncode == 0, done.stderr
+    assert_pngs(tmp_path / "plots", ["readyz"])
+
+
+def test_json_of_a_bad_place_is_refused_before_the_run(tmp_path: Path):
+    """--json into a folder that does not exist stops at once, in one line, before any
+    measuring."""
+    done = bench("fanout.py", "--json", str(tmp_path / "missing" / "fanout.json"), timeout=30)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"--json {tmp_path / 'missing' / 'fanout.json'}: no such directory {tmp_path / 'missing'}"
+    )
+
+
+def test_cluster_json_keeps_the_other_shard_counts(tmp_path: Path):
+    """A cluster run's figures replace the file's run with the same --shards and keep the
+    others, and the file is one plot.py draws; a file of another --nodes, or not a cluster
+    file, is refused (one line) and left as it was."""
+    path = tmp_path / "results" / "cluster.json"
+    path.parent.mkdir()
+    write_runs(path, 20, [cluster_run(1), cluster_run(2)])
+    kept = earlier_runs(path, 20, 2)
+    assert [r["shards"] for r in kept] == [1]
+    write_runs(path, 20, [*kept, {**cluster_run(2), "source": "again"}])
+    figures = json.loads(path.read_text())
+    assert [(r["shards"], r["source"]) for r in figures["runs"]] == [
+        (1, "test, 1 shard(s)"),
+        (2, "again"),
+    ]
+    assert figures["source"] == "1 shard(s): test, 1 shard(s); 2 shard(s): again"
+    done = run_plot(path.parent, tmp_path / "plots")
+    assert done.returncode == 0, done.stderr
+    assert_pngs(tmp_path / "plots", ["cluster"])
+    before = path.read_text()
+    with pytest.raises(SystemExit, match=r"holds 20-node runs, this one is 5000: another file"):
+        earlier_runs(path, 5000, 1)
+    assert path.read_text() == before
+    path.write_text('{"nodes": 20}')
+    with pytest.raises(SystemExit, match=r"not a cluster.py results file"):
+        earlier_runs(path, 20, 1)
+    path.write_text(before)
+    assert earlier_runs(path, 20, 3) == json.loads(before)["runs"]
