@@ -20,6 +20,7 @@ from agent.faults import FaultTracker, XidPolicy
 from agent.nvml import NvmlBackend
 from agent.ownership import OwnershipStore
 from agent.reconciling import Policy, Reconciler
+from agent.reports import CycleReport
 from server.gen.capwatch.v1 import node_health_pb2 as pb
 from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from tests.dra.client import KubeletStream
@@ -44,11 +45,13 @@ class Node:
     harness: ServerHarness
     snapshot: Callable[[], object]
     streams: dict[str, KubeletStream]
+    last_report: CycleReport | None = None
 
     async def cycle(self) -> tuple[pb.DeviceStatus, dict[str, tuple[str, str]]]:
         """Run one cycle, publish it, and read GPU FAULTY on capwatch.v1 and each mirror."""
         report = await asyncio.to_thread(self.reconciler.reconcile_once)
         self.harness.hub.publish(report)
+        self.last_report = report
         snapshot = await self.snapshot()  # type: ignore[misc]
         devices = {d.index: d for d in snapshot.snapshot.devices}
         mirrors = {}
@@ -153,12 +156,11 @@ async def test_an_ignored_xid_stays_healthy_and_is_still_seen(node: Node):
     deadline = time.monotonic() + 5
     drained = 0
     while not drained and time.monotonic() < deadline:
-        report = await asyncio.to_thread(node.reconciler.reconcile_once)
-        node.harness.hub.publish(report)
-        drained = sum(e.count for e in report.events if e.code == 13)
+        device, mirrors = await node.cycle()  # every reader read after every cycle
+        assert node.last_report is not None
+        drained = sum(e.count for e in node.last_report.events if e.code == 13)
         await asyncio.sleep(0.02)
     assert drained == 1
-    device, mirrors = await node.cycle()
     assert (device.health, list(device.faults)) == (pb.DEVICE_HEALTH_HEALTHY, [])
     assert {m[0] for m in mirrors.values()} == {"HEALTHY"}
 
@@ -257,10 +259,10 @@ async def test_a_flood_of_xids_is_one_fault_and_cycles_stay_on_time(node: Node):
     durations = []
     deadline = time.monotonic() + 10
     while seen < 10_000 and time.monotonic() < deadline:
-        report = await asyncio.to_thread(node.reconciler.reconcile_once)
-        node.harness.hub.publish(report)
-        durations.append(report.duration_s)
-        seen += sum(e.count for e in report.events)
+        await node.cycle()  # every reader read after every cycle
+        assert node.last_report is not None
+        durations.append(node.last_report.duration_s)
+        seen += sum(e.count for e in node.last_report.events)
         await asyncio.sleep(0.05)
     assert seen == 10_000
     device, mirrors = await node.cycle()
