@@ -46,29 +46,29 @@ nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *
     return NVML_SUCCESS;
 }
 
+/* Both names of the clock-event reasons read, each counted and faulted as its own function. */
+static nvmlReturn_t clocks_reasons(enum fn_id which, nvmlDevice_t device, unsigned long long *mask)
+{
+    struct nvmlDevice_st *d = NULL;
+    nvmlReturn_t rc = begin(which, device, mask, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    *mask = d->clocks_mask;
+    unlock();
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
                                                     unsigned long long *clocksEventReasons)
 {
-    struct nvmlDevice_st *d = NULL;
-    nvmlReturn_t rc = begin(FN_CLOCKS_EVENT_REASONS, device, clocksEventReasons, &d);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    *clocksEventReasons = d->clocks_mask;
-    unlock();
-    return NVML_SUCCESS;
+    return clocks_reasons(FN_CLOCKS_EVENT_REASONS, device, clocksEventReasons);
 }
 
 /* The same reasons under the name older drivers export (deprecated in nvml.h). */
 nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
                                                        unsigned long long *clocksThrottleReasons)
 {
-    struct nvmlDevice_st *d = NULL;
-    nvmlReturn_t rc = begin(FN_CLOCKS_THROTTLE_REASONS, device, clocksThrottleReasons, &d);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    *clocksThrottleReasons = d->clocks_mask;
-    unlock();
-    return NVML_SUCCESS;
+    return clocks_reasons(FN_CLOCKS_THROTTLE_REASONS, device, clocksThrottleReasons);
 }
 
 /* Uncorrected errors (volatile or aggregate) are the configured count; corrected: 0. */
