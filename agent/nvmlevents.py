@@ -33,6 +33,7 @@ from typing import Protocol
 
 from agent.gpus import GpuError, GpuErrorClass
 from agent.telemetry import DeviceEventKind, EventAccumulator
+from agent.throttling import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -84,27 +85,6 @@ class EventCalls(Protocol):
         ...
 
 
-class _RateLimitedLog:
-    """A warning at most once per ``every`` seconds, counting the ones held back."""
-
-    def __init__(self, every: float, monotonic: Callable[[], float]) -> None:
-        self._every = every
-        self._monotonic = monotonic
-        self._last: float | None = None
-        self._held = 0
-
-    def warning(self, message: str, *args: object) -> None:
-        now = self._monotonic()
-        if self._last is not None and now - self._last < self._every:
-            self._held += 1
-            return
-        held, self._held, self._last = self._held, 0, now
-        if held:
-            log.warning(message + " (%d more since the last such warning)", *args, held)
-        else:
-            log.warning(message, *args)
-
-
 class EventWatch:
     """An event set, the devices registered on it and the thread that drains it."""
 
@@ -129,7 +109,7 @@ class EventWatch:
         self._index_by_key: dict[int, int] = {}
         self._warned: set[int] = set()  # indexes whose failed registration was logged
         self._stop = threading.Event()
-        self._problems = _RateLimitedLog(LOG_EVERY_S, monotonic)
+        self._problems = ThrottledLog(log, burst=1, refill_s=LOG_EVERY_S, clock=monotonic)
         self._errors = 0
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
 

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from server.logs import ThrottledLog
+from agent.throttling import ThrottledLog
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import grpc
 from agent.clock import Clock
 from agent.hub import Hub, HubState
 from agent.readiness import Readiness
+from agent.throttling import ThrottledLog
 from server.admission import Admission, Refusal, Slot, StreamLimits, peer_address
 from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.logs import ThrottledLog
 from server.mapping import DeviceNamer, Include
 from server.mapping import snapshot as snapshot_message
 

@@ -12,7 +12,8 @@ import pytest
 
 from agent.clock import FakeClock
 from agent.settings import LogFormat
-from server.logs import JsonFormatter, ThrottledLog, configure_logging
+from agent.throttling import ThrottledLog
+from server.logs import JsonFormatter, configure_logging
 
 
 def record(msg: str, *args: object) -> logging.LogRecord:

@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
-from server.logs import THROTTLE_BURST, THROTTLE_REFILL_S
+from agent.throttling import THROTTLE_BURST, THROTTLE_REFILL_S
 from server.metrics import Metrics
 from tests.metrics.support import running_agent, scrape, value
 from tests.server.harness import ServerHarness
