@@ -14,10 +14,15 @@ RUN python -m venv /opt/venv
 
 WORKDIR /src
 # Only what `pip install .` needs (see .dockerignore): the package metadata,
-# the README it names, and the two packages.
+# the README it names, and every package (pyproject.toml's packages.find).
 COPY pyproject.toml README.md ./
+COPY kit ./kit
 COPY agent ./agent
+COPY api ./api
 COPY server ./server
+COPY client ./client
+COPY controller ./controller
+COPY capwatch ./capwatch
 RUN /opt/venv/bin/pip install . \
     && /opt/venv/bin/pip uninstall --yes pip setuptools
 

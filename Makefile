@@ -48,7 +48,7 @@ chart: setup
 	  $(HELM) lint --strict $(CHART) --values $$values || exit 1; \
 	done
 
-# Regenerate server/gen after editing proto/.
+# Regenerate api/gen after editing proto/.
 proto: setup
 	$(BIN)/buf format --write
 	$(BIN)/python scripts/genproto.py

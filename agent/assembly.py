@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.attribution import Attributor, FsProcRoot
-from agent.clock import Clock, SystemClock
 from agent.devices import inventory
-from agent.errors import BackendUnavailable, CapwatchError, PodViewError
-from agent.faults import FaultTracker
 from agent.forgetting import ForgetRequests
 from agent.gpus import GpuBackend, GpuError
+from agent.health.faults import FaultTracker
 from agent.hub import Hub
 from agent.lifecycle import Agent
 from agent.ownership import LoadStatus, OwnershipStore
@@ -29,11 +27,13 @@ from agent.pods import PodView
 from agent.reconciling import CycleListener, Policy, Reconciler
 from agent.reports import CycleReport
 from agent.running import AgentLoop, CycleThread
-from agent.scenario import Scenario, default_scenario, load_scenario
 from agent.settings import AgentSettings, BackendKind
-from agent.simlimits import PersistentLimits
-from agent.simulation import SimWorld
-from agent.simviews import SimGpuBackend, SimPodView
+from agent.sim.limits import PersistentLimits
+from agent.sim.scenario import Scenario, default_scenario, load_scenario
+from agent.sim.views import SimGpuBackend, SimPodView
+from agent.sim.world import SimWorld
+from kit.clock import Clock, SystemClock
+from kit.errors import BackendUnavailable, CapwatchError, PodViewError
 
 log = logging.getLogger(__name__)
 
@@ -204,13 +204,13 @@ def _simulated(settings: AgentSettings) -> _Parts:
 def _real(settings: AgentSettings, clock: Clock) -> _Parts:
     # Imported here so that the simulator (demo, tests) never loads NVML or the
     # Kubernetes client.
-    from agent.informer import WatchPolicy  # noqa: PLC0415
-    from agent.kubernetes import (  # noqa: PLC0415
+    from agent.kube.client import (  # noqa: PLC0415
         KubernetesEventSink,
         KubernetesPodView,
         api_client_from_environment,
     )
-    from agent.nvml import NvmlBackend  # noqa: PLC0415
+    from agent.kube.informer import WatchPolicy  # noqa: PLC0415
+    from agent.nvml.backend import NvmlBackend  # noqa: PLC0415
 
     assert settings.node_name is not None  # settings validation guarantees it
     backend = NvmlBackend.open()

@@ -13,14 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.readiness import Readiness, ReadinessReason
 from agent.reports import CycleReport, GpuResult
+from kit.readiness import Readiness, ReadinessReason
 
 
 class DeviceHealth(str, Enum):
     UNKNOWN = "unknown"  # nothing reported yet, or the agent's reports are stale
     HEALTHY = "healthy"  # its last step completed and the device has no active fault
-    UNHEALTHY = "unhealthy"  # its last step failed, or the device has a fault (agent.faults)
+    UNHEALTHY = "unhealthy"  # its last step failed, or the device has a fault (agent.health.faults)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from agent.clock import Clock
+from agent.health.telemetry import DeviceEvent
 from agent.reports import AbortReason, CycleFailure, CycleFailureKind, CycleReport, GpuResult
-from agent.telemetry import DeviceEvent
+from kit.clock import Clock
 
 log = logging.getLogger("agent.reconciling")
 

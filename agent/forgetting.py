@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from agent.errors import CapwatchError, OwnershipError
-from agent.flags import add_options, read_options
 from agent.ownership import FILE_NAME, OwnershipRecord, OwnershipStore, read_records
 from agent.settings import STATE_DIR_OPTION
+from kit.errors import CapwatchError, OwnershipError
+from kit.flags import add_options, read_options
 
 log = logging.getLogger(__name__)
 

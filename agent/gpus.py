@@ -1,7 +1,7 @@
 """The GPU backend interface, and the typed outcome of every cap write.
 
-Two backends implement :class:`GpuBackend`: ``agent.nvml`` (the real NVML
-library through ``pynvml``) and ``agent.simulation`` (scenario-driven). Reads
+Two backends implement :class:`GpuBackend`: ``agent.nvml.backend`` (the real NVML
+library through ``pynvml``) and ``agent.sim.world`` (scenario-driven). Reads
 raise :class:`GpuError`; writes never raise for a device-level failure, they
 return a :class:`WriteResult` whose ``outcome`` is the only thing that says
 whether the write took. A write that returns without error is *not* success
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from agent.errors import CapwatchError
-from agent.telemetry import DeviceEvent, Readings
+from agent.health.telemetry import DeviceEvent, Readings
+from kit.errors import CapwatchError
 
 
 class GpuErrorClass(str, Enum):
@@ -117,7 +117,7 @@ class GpuBackend(Protocol):
     def readings(self, index: int) -> Readings:
         """This cycle's reads of the device at ``index`` (power, throttling, ECC, row
         remapping). Never raises: a read that is not supported or failed is ``None``
-        in the result (see :class:`~agent.telemetry.Readings`)."""
+        in the result (see :class:`~agent.health.telemetry.Readings`)."""
         ...
 
     def drain_events(self) -> tuple[DeviceEvent, ...]:

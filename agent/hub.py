@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from agent.clock import Clock
 from agent.devices import DeviceState, fold
-from agent.readiness import Readiness, evaluate
 from agent.reports import CycleReport
+from kit.clock import Clock
+from kit.readiness import Readiness, evaluate
 
 DEFAULT_CAPACITY = 256
 

@@ -43,10 +43,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from agent.clock import Clock
 from agent.durable import read_regular, remove_temporaries, write_atomically
-from agent.errors import OwnershipError
 from agent.pods import PodRef
+from kit.clock import Clock
+from kit.errors import OwnershipError
 
 log = logging.getLogger(__name__)
 

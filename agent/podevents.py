@@ -23,9 +23,9 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, Protocol
 
-from agent.errors import CapwatchError
 from agent.pods import PodRef
 from agent.reports import CapSource, ClampDirection, CycleReport, GpuResult, Outcome
+from kit.errors import CapwatchError
 
 log = logging.getLogger(__name__)
 

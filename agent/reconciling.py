@@ -36,12 +36,11 @@ from typing import Protocol
 
 from agent.attribution import Attributor
 from agent.capping import resolve_cap
-from agent.clock import Clock
-from agent.errors import PodViewError
-from agent.faults import FaultTracker
 from agent.folding import CycleBuilder
 from agent.forgetting import ForgetRequests
 from agent.gpus import GpuBackend, GpuError, WriteOutcome, WriteResult
+from agent.health.faults import FaultTracker
+from agent.health.telemetry import NO_READINGS
 from agent.ownership import UNSAVED_CYCLES_LIMIT, OwnershipStore
 from agent.pods import PodInfo, PodRef, PodSnapshot, PodView
 from agent.reports import (
@@ -52,7 +51,8 @@ from agent.reports import (
     Outcome,
     Reason,
 )
-from agent.telemetry import NO_READINGS
+from kit.clock import Clock
+from kit.errors import PodViewError
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ import functools
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.faults import Fault
 from agent.gpus import GpuErrorClass
+from agent.health.faults import Fault
+from agent.health.telemetry import DeviceEvent, Readings
 from agent.pods import PodRef
-from agent.readiness import STATE_UNWRITABLE_TOKEN
-from agent.telemetry import DeviceEvent, Readings
+from kit.readiness import STATE_UNWRITABLE_TOKEN
 
 
 class Outcome(str, Enum):
@@ -128,7 +128,7 @@ class GpuResult:
 
     @property
     def healthy(self) -> bool:
-        """Its step succeeded and the device has no active fault (see agent.faults)."""
+        """Its step succeeded and the device has no active fault (see agent.health.faults)."""
         return self.outcome is not Outcome.FAILED and not self.faults
 
 

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
-from agent.clock import Clock
 from agent.folding import crashed_report
 from agent.hub import Hub
 from agent.reconciling import Reconciler
 from agent.reports import CycleReport
+from kit.clock import Clock
 
 log = logging.getLogger(__name__)
 

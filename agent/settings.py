@@ -18,22 +18,26 @@ from enum import Enum
 from pathlib import Path
 
 from agent.capping import DEFAULT_ANNOTATION_KEY, MAX_REQUEST_WATTS
-from agent.errors import ConfigError
-from agent.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, XidPolicy, parse_xids
-from agent.flags import (
+from agent.health.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, XidPolicy, parse_xids
+from kit.errors import ConfigError
+from kit.flags import (
+    LOG_FORMAT_OPTION,
+    LogFormat,
     Option,
     add_options,
     boolean,
     enum_choice,
+    log_level_option,
     optional_path,
     path,
     positive_float,
     read_options,
 )
+from kit.names import is_dns_subdomain, node_name
 
 DEFAULT_INTERVAL_S = 15.0
 # How long the pod watch may deliver nothing before the view counts as not
-# synced (agent/informer.py): much shorter than the ~105 s it took before a
+# synced (agent/kube/informer.py): much shorter than the ~105 s it took before a
 # silent watch was noticed, and a watch request per node every 15-20 s.
 DEFAULT_POD_SILENCE_BOUND_S = 30.0
 MIN_POD_SILENCE_BOUND_S = 5.0
@@ -44,19 +48,13 @@ MAX_INTERVAL_S = 3600.0
 MIN_FAULT_RECOVERY_S = 1.0
 MAX_FAULT_RECOVERY_S = 7 * 86400.0
 
-# RFC 1123 DNS subdomain (node names), and Kubernetes qualified names (annotation keys).
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# Kubernetes qualified names (the name part of annotation keys).
 _QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
 class BackendKind(str, Enum):
     NVML = "nvml"
     SIM = "sim"
-
-
-class LogFormat(str, Enum):
-    TEXT = "text"
-    JSON = "json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,11 +130,7 @@ def _fault_recovery(flag: str, text: str) -> float:
 
 
 def _node_name(flag: str, text: str) -> str | None:
-    if text == "":
-        return None
-    if len(text) > 253 or not _DNS_SUBDOMAIN.fullmatch(text):
-        raise ConfigError(flag, f"not a valid Kubernetes node name: {text!r}")
-    return text
+    return node_name(flag, text) if text else None
 
 
 def _namespace(flag: str, text: str) -> str | None:
@@ -149,38 +143,12 @@ def _namespace(flag: str, text: str) -> str | None:
 
 def _annotation_key(flag: str, text: str) -> str:
     prefix, _, name = text.rpartition("/")
-    if "/" in text and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+    if "/" in text and not is_dns_subdomain(prefix):
         raise ConfigError(flag, f"prefix of {text!r} is not a DNS subdomain")
     if not name or len(name) > 63 or not _QUALIFIED_NAME.fullmatch(name):
         raise ConfigError(flag, f"not a valid annotation key: {text!r}")
     return text
 
-
-def _log_level(flag: str, text: str) -> str:
-    level = text.upper()
-    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-        raise ConfigError(flag, f"must be one of debug, info, warning, error, got {text!r}")
-    return level
-
-
-def log_level_option(default: str) -> Option:
-    """``--log-level``, on every subcommand: the same twin, each its own default."""
-    return Option(
-        flag="--log-level",
-        env="CAPWATCH_LOG_LEVEL",
-        default=default,
-        convert=_log_level,
-        help="debug, info, warning or error",
-    )
-
-
-LOG_FORMAT_OPTION = Option(
-    flag="--log-format",
-    env="CAPWATCH_LOG_FORMAT",
-    default="text",
-    convert=enum_choice(LogFormat),
-    help="text or json",
-)
 
 # Shared with `capwatch forget`, which writes into the agent's state directory.
 STATE_DIR_OPTION = Option(

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from agent.poolspec import node_names
+from agent.sim.poolspec import node_names
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 

@@ -49,7 +49,9 @@ from typing import Any
 
 import grpc
 
-from agent.poolspec import node_names
+from agent.sim.poolspec import node_names
+from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
 from bench.cluster_procs import (
     PREFIX,
     Run,
@@ -64,8 +66,6 @@ from bench.cluster_procs import (
 )
 from bench.figures import check_writable, this_run, write_json
 from controller.sharding import shard_of
-from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from server.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
 
 SUBSCRIBERS = 10
 _STATUS = {

@@ -2,7 +2,7 @@
 
 Each trial forks a child that runs the agent's reconciler, ownership store
 and sim backend, reconciling back to back, with the simulated power limits
-kept in a file (:mod:`agent.simlimits`, the agent's ``--sim-limits-file``),
+kept in a file (:mod:`agent.sim.limits`, the agent's ``--sim-limits-file``),
 so they survive the kill as a real GPU's do. Every cycle moves every GPU to
 a new owner and target, so a cap is being written at almost every instant. The parent kills
 the child with SIGKILL after a random delay, then checks what a restarted
@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.attribution import Attributor, FsProcRoot
-from agent.clock import SystemClock
-from agent.errors import OwnershipError
 from agent.ownership import LoadStatus, OwnershipStore, read_records
 from agent.reconciling import Policy, Reconciler
-from agent.scenario import parse_scenario
-from agent.simlimits import PersistentLimits
-from agent.simulation import SimWorld
-from agent.simviews import SimGpuBackend, SimPodView
+from agent.sim.limits import PersistentLimits
+from agent.sim.scenario import parse_scenario
+from agent.sim.views import SimGpuBackend, SimPodView
+from agent.sim.world import SimWorld
+from kit.clock import SystemClock
+from kit.errors import OwnershipError
 
 GPUS = 4
 DEFAULT_W = 300

@@ -27,16 +27,16 @@ from pathlib import Path
 import kubernetes.client
 
 from agent.attribution import Attributor, FsProcRoot
-from agent.clock import SystemClock
-from agent.informer import WatchPolicy
-from agent.kubernetes import KubernetesPodView
+from agent.kube.client import KubernetesPodView
+from agent.kube.informer import WatchPolicy
 from agent.ownership import OwnershipStore
 from agent.pods import PodInfo, PodRef, PodView
 from agent.reconciling import Policy, Reconciler
-from agent.scenario import parse_scenario
-from agent.simulation import SimWorld
-from agent.simviews import SimGpuBackend
+from agent.sim.scenario import parse_scenario
+from agent.sim.views import SimGpuBackend
+from agent.sim.world import SimWorld
 from bench.figures import check_writable, write_json
+from kit.clock import SystemClock
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.fakes.pods import StaticPodView
 

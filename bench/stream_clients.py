@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from server.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2 as pb
 
 WATCH = "/capwatch.v1.NodeHealthService/Watch"
 # A subchannel pool per channel: each channel is a connection of its own.

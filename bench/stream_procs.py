@@ -23,17 +23,18 @@ from typing import Any
 
 import grpc
 
-from agent.clock import SystemClock
 from agent.devices import inventory
 from agent.hub import Hub
 from agent.pods import PodInfo, PodRef
 from agent.reports import CapSource, CycleReport, GpuResult, Outcome, Reason
 from agent.running import AgentLoop, CycleThread
+from api.gen.capwatch.v1 import node_health_pb2 as pb
 from bench.stream_clients import ClientSide
-from server import mapping
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.publication import Publication
-from server.serving import OPTIONS, AgentServer
+from kit.clock import SystemClock
+from server.grpc import mapping
+from server.grpc.publication import Publication
+from server.grpc.serving import AgentServer
+from server.listeners import OPTIONS
 from tests.server.harness import settings_for
 
 GPUS = 8

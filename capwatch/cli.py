@@ -16,10 +16,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from agent.errors import CapwatchError, ConfigError
+from kit.errors import CapwatchError, ConfigError
 
 if TYPE_CHECKING:
-    from agent.flags import Option
+    from kit.flags import Option
 
 log = logging.getLogger("capwatch")
 
@@ -85,23 +85,23 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         add_agent_arguments(parser)
         add_server_arguments(parser)
     elif command == "demo":
-        from server.demo_settings import add_demo_arguments
+        from capwatch.demo.settings import add_demo_arguments
 
         add_demo_arguments(parser)
     elif command == "watch":
-        from server.watch import add_watch_arguments
+        from capwatch.watch.command import add_watch_arguments
 
         add_watch_arguments(parser)
     elif command == "shim":
-        from server.shim import add_shim_arguments
+        from capwatch.shim import add_shim_arguments
 
         add_shim_arguments(parser)
     elif command == "pool":
-        from server.pool import add_pool_arguments
+        from capwatch.pool import add_pool_arguments
 
         add_pool_arguments(parser)
     elif command == "probe":
-        from agent.probing import add_probe_arguments
+        from agent.nvml.probe import add_probe_arguments
 
         add_probe_arguments(parser)
     elif command == "controller":
@@ -116,15 +116,15 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         )
         add_controller_arguments(parser)
     else:
-        from agent.flags import add_options
         from agent.forgetting import add_forget_arguments
+        from kit.flags import add_options
 
         add_forget_arguments(parser)
         add_options(parser, _forget_logging())
 
 
 def _forget_logging() -> tuple[Option, ...]:
-    from agent.settings import LOG_FORMAT_OPTION, log_level_option
+    from kit.flags import LOG_FORMAT_OPTION, log_level_option
 
     return (log_level_option("warning"), LOG_FORMAT_OPTION)
 
@@ -149,8 +149,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.command == "agent":
         from agent.settings import agent_settings
-        from server.launch import run_agent
-        from server.logs import configure_logging
+        from capwatch.launch import run_agent
+        from capwatch.logs import configure_logging
         from server.settings import server_settings
 
         settings = agent_settings(args, environ)
@@ -158,20 +158,20 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         configure_logging(settings.log_level, settings.log_format)
         return asyncio.run(run_agent(settings, serving))
     if args.command == "shim":
-        from server.shim import main_shim
+        from capwatch.shim import main_shim
 
         return main_shim(args, environ)
     if args.command == "watch":
-        from server.logs import configure_logging
-        from server.watch import run_watch, watch_settings
+        from capwatch.logs import configure_logging
+        from capwatch.watch.command import run_watch, watch_settings
 
         watching = watch_settings(args, environ)
         configure_logging(watching.log_level, watching.log_format)
         return run_watch(watching)
     if args.command == "forget":
-        from agent.flags import read_options
         from agent.forgetting import run_forget
-        from server.logs import configure_logging
+        from capwatch.logs import configure_logging
+        from kit.flags import read_options
 
         logging_values = read_options(args, environ, _forget_logging())
         configure_logging(logging_values["log_level"], logging_values["log_format"])
@@ -179,34 +179,34 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.command == "controller":
         return _controller(args, environ)
     if args.command == "probe":
-        from agent.probing import probe_settings, run_probe
-        from agent.settings import LogFormat
-        from server.logs import configure_logging
+        from agent.nvml.probe import probe_settings, run_probe
+        from capwatch.logs import configure_logging
+        from kit.flags import LogFormat
 
         probing = probe_settings(args, environ)
         configure_logging("WARNING", LogFormat.TEXT)
         return run_probe(probing, sys.stdout)
     if args.command == "pool":
-        from server.logs import configure_logging
-        from server.pool import pool_command, run_pool
+        from capwatch.logs import configure_logging
+        from capwatch.pool import pool_command, run_pool
 
         command = pool_command(args, environ)
         configure_logging(command.log_level, command.log_format)
         return asyncio.run(run_pool(command))
-    from server.demo import run_demo
-    from server.demo_settings import demo_settings
+    from capwatch.demo.node import run_demo
+    from capwatch.demo.settings import demo_settings
 
     demo = demo_settings(args, environ)
     if demo.cluster:
-        from server.cluster_demo import run_cluster_demo
+        from capwatch.demo.cluster import run_cluster_demo
 
         return run_cluster_demo(demo)
     return run_demo(demo)
 
 
 def _controller(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from capwatch.logs import configure_logging
     from controller.settings import controller_settings
-    from server.logs import configure_logging
 
     settings = controller_settings(args, environ)
     configure_logging(settings.log_level, settings.log_format)

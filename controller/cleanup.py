@@ -17,11 +17,11 @@ import asyncio
 import logging
 from typing import TextIO
 
-from agent.errors import ConfigError
 from controller.conditions import CONDITION_TYPE
 from controller.errors import ApiError, NotFound
 from controller.kube import KubeApi, api_client, node_condition
 from controller.settings import ControllerSettings
+from kit.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

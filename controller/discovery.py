@@ -1,6 +1,6 @@
 """Which agents to follow, and which nodes should have one.
 
-- **Agent pods**, by list+watch (:mod:`agent.informer`) of the chart's agent
+- **Agent pods**, by list+watch (:mod:`agent.kube.informer`) of the chart's agent
   pods in the release namespace, keyed by ``spec.nodeName`` and dialled at
   ``podIP:<agent port>``. Pods, not EndpointSlices: an EndpointSlice lists only
   ready endpoints, and an unready agent is exactly the one whose node must be
@@ -26,23 +26,21 @@ import asyncio
 import functools
 import ipaddress
 import logging
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.clock import Clock
-from agent.errors import ConfigError
-from agent.informer import Informer, ListWatchRequests, WatchPolicy
-from agent.kubewire import as_mapping
+from agent.kube.informer import Informer, ListWatchRequests, WatchPolicy
+from agent.kube.wire import as_mapping
 from controller.kube import node_condition
-from controller.writing import NodeCondition
-from server.settings import host_port
+from controller.writes.writer import NodeCondition
+from kit.addresses import host_port
+from kit.clock import Clock
+from kit.errors import ConfigError
+from kit.names import is_node_name
 
 log = logging.getLogger(__name__)
-
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class DiscoverySink(Protocol):
@@ -69,7 +67,7 @@ def parse_targets(path: Path) -> dict[str, str]:
         if len(fields) != 2:
             raise ConfigError("--targets", f"{where}: expected 'NODE ADDRESS', got {line!r}")
         node, address = fields
-        if len(node) > 253 or not _NODE_NAME.fullmatch(node):
+        if not is_node_name(node):
             raise ConfigError("--targets", f"{where}: not a valid node name: {node!r}")
         if not _dialable(address):
             raise ConfigError(

@@ -17,8 +17,8 @@ import sys
 from typing import TextIO
 
 from controller.conditions import CONDITION_TYPE
-from controller.recording import NodeEvent
-from controller.writing import REQUEST_TIMEOUT_S, NodeCondition
+from controller.writes.recorder import NodeEvent
+from controller.writes.writer import REQUEST_TIMEOUT_S, NodeCondition
 
 
 class PrintingApi:

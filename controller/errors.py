@@ -1,8 +1,8 @@
-"""The controller's errors, below :class:`agent.errors.CapwatchError`."""
+"""The controller's errors, below :class:`kit.errors.CapwatchError`."""
 
 from __future__ import annotations
 
-from agent.errors import CapwatchError
+from kit.errors import CapwatchError
 
 
 class ApiError(CapwatchError):

@@ -1,6 +1,6 @@
 """One supervised stream per agent target, started and stopped as discovery changes.
 
-Each target gets a :class:`~server.client.NodeHealthClient` that names the node
+Each target gets a :class:`~client.node_health.NodeHealthClient` that names the node
 it expects (the agent refuses a stream for another node, so a recycled pod IP
 never reports the wrong node's health), reconnects for ever with jittered
 backoff, and resumes from the last cycle it saw. Every event goes to the
@@ -20,8 +20,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from client.node_health import NodeHealthClient
 from controller.tracking import NodeTracker
-from server.client import NodeHealthClient
 
 log = logging.getLogger(__name__)
 

@@ -35,13 +35,13 @@ import kubernetes.config
 import urllib3
 import urllib3.exceptions
 
-from agent.errors import ConfigError
-from agent.kubewire import ApiStatusError
+from agent.kube.wire import ApiStatusError
 from controller.conditions import CONDITION_TYPE, ConditionStatus
 from controller.errors import ApiError, Conflict, NotFound
 from controller.leasing import LeaseRecord
-from controller.recording import NodeEvent
-from controller.writing import NodeCondition
+from controller.writes.recorder import NodeEvent
+from controller.writes.writer import NodeCondition
+from kit.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ class KubeApi:
 
 class CollectionRequests:
     """LIST and WATCH of one collection (``/api/v1/nodes``, a namespace's pods) as raw
-    responses, for :class:`agent.informer.Informer`; a label selector narrows it."""
+    responses, for :class:`agent.kube.informer.Informer`; a label selector narrows it."""
 
     def __init__(
         self, client: kubernetes.client.ApiClient, *, path: str, label_selector: str = ""

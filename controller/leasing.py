@@ -40,9 +40,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
-from agent.clock import Clock
-from agent.errors import ConfigError
 from controller.errors import ApiError, Conflict
+from kit.clock import Clock
+from kit.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

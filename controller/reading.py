@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from api.gen.capwatch.v1 import node_health_pb2 as pb
 from controller.conditions import CycleSummary, GpuSummary
-from server.gen.capwatch.v1 import node_health_pb2 as pb
 
 _OUTCOME = {
     pb.OUTCOME_ENFORCED: "enforced",

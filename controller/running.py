@@ -26,28 +26,28 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import grpc
 
-from agent.clock import Clock, SystemClock
-from agent.informer import WatchPolicy
-from controller import mapping
-from controller.cluster import ClusterView
+from agent.kube.informer import WatchPolicy
+from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from client.channels import SharedChannels
+from client.node_health import NodeHealthClient
+from controller.cluster import mapping
+from controller.cluster.serving import ClusterServer
+from controller.cluster.state import ClusterView
 from controller.discovery import DiscoverySink, KubernetesDiscovery, StaticDiscovery
 from controller.dryrun import PrintingApi, Unfenced
 from controller.following import Followers
 from controller.leasing import LeaseElector
 from controller.metrics import ControllerMetrics
-from controller.recording import EventRecorder
-from controller.serving import ClusterServer
 from controller.settings import ControllerSettings
 from controller.sharding import shard_of
 from controller.tracking import NodeTracker
-from controller.writing import ConditionWriter, NodeCondition
-from server.channels import SharedChannels
-from server.client import NodeHealthClient
-from server.exposition import RegistryServer
-from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from server.metrics import package_version
-from server.readyz import Answer, ReadyzServer
-from server.serving import ServeError
+from controller.writes.recorder import EventRecorder
+from controller.writes.writer import ConditionWriter, NodeCondition
+from kit.clock import Clock, SystemClock
+from kit.version import package_version
+from server.http.exposition import RegistryServer
+from server.http.readyz import Answer, ReadyzServer
+from server.listeners import ServeError
 
 if TYPE_CHECKING:  # the Kubernetes client loads only without --dry-run
     from controller.kube import KubeApi

@@ -4,7 +4,7 @@ Every flag has an environment twin (``CAPWATCH_CONTROLLER_<FLAG>``, and the
 Downward API's ``POD_NAME``/``POD_NAMESPACE`` for the pod's own name and
 namespace). Everything is checked before anything starts -- the targets file
 is parsed, the shard index derived -- and a bad value raises
-:class:`~agent.errors.ConfigError` naming the flag, which the command line
+:class:`~kit.errors.ConfigError` naming the flag, which the command line
 prints as one line before exiting 2.
 """
 
@@ -19,21 +19,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import ConfigError
-from agent.flags import (
+from controller.discovery import parse_targets
+from controller.leasing import LeaseConfig
+from controller.sharding import ordinal
+from kit.addresses import host_port, listen_port
+from kit.errors import ConfigError
+from kit.flags import (
+    LOG_FORMAT_OPTION,
+    LogFormat,
     Option,
     add_options,
     boolean,
     is_digits,
+    log_level_option,
     optional_path,
     positive_float,
     read_options,
 )
-from agent.settings import LOG_FORMAT_OPTION, LogFormat, log_level_option
-from controller.discovery import parse_targets
-from controller.leasing import LeaseConfig
-from controller.sharding import ordinal
-from server.settings import host_port, listen_port
 
 DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/name=capwatch,app.kubernetes.io/component=node-agent"
 DEFAULT_GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"

@@ -32,10 +32,10 @@ from typing import Protocol
 
 import grpc
 
-from agent.clock import Clock
+from client.stream_events import Cycle, Disconnected, Event, Heartbeat, Snapshot
 from controller.conditions import AgentLink, Condition, NodeObservation, condition_of
 from controller.reading import cycle_age, cycle_summary, gpu_summaries, merged
-from server.events import Cycle, Disconnected, Event, Heartbeat, Snapshot
+from kit.clock import Clock
 
 log = logging.getLogger(__name__)
 

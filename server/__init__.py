@@ -1,18 +1,9 @@
-"""capwatch's protocol edge: the command line, the gRPC services, metrics, the shim.
+"""The agent's protocol edge: what the node agent serves, and nothing else.
 
-grpc core (C) logs on its own, to stderr. Since it moved to absl logging it
-prints INFO lines when ``GRPC_VERBOSITY`` is unset, among them one per failed
-TLS handshake: any client speaking plaintext, or presenting the wrong
-certificate, to the TLS port wrote a line per connection (2,000 failed
-handshakes, 2,002 lines). grpc reads the variable once, when it is first
-imported, and every capwatch command imports this package before grpc: so
-here, unless the operator set it, it becomes ``ERROR``, the default grpc
-documented before that move. A failed handshake is the client's to read (its
-call fails with UNAVAILABLE naming the TLS error); ``GRPC_VERBOSITY=INFO``
-shows them on the agent too, a line each.
+``grpc`` (its gRPC services and what they send), ``http`` (``/readyz`` and
+``/metrics`` on a tiny HTTP server), ``metrics`` (its Prometheus metrics),
+``settings`` (the edge's flags), ``certificates`` (TLS kept current with its
+files) and ``listeners`` (what every capwatch gRPC server binds with, the
+controller's too). Imports the agent, the api and the kit; never the client
+library, the controller or the commands.
 """
-
-import os
-
-if not os.environ.get("GRPC_VERBOSITY"):
-    os.environ["GRPC_VERBOSITY"] = "ERROR"

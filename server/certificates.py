@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 
-from agent.errors import CapwatchError
+from kit.errors import CapwatchError
 from server.settings import TlsFiles
 
 log = logging.getLogger(__name__)

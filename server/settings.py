@@ -1,23 +1,24 @@
 """The protocol edge's configuration: gRPC listeners, TLS, DRA naming, limits, metrics.
 
-Built the same way as the agent's settings (agent/flags.py): every flag has an
+Built the same way as the agent's settings (kit/flags.py): every flag has an
 environment twin and every value is validated before anything starts.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import ConfigError
-from agent.flags import Option, add_options, is_digits, optional_path, read_options
+from api.endpoints import AGENT_PORT, AGENT_SOCKET
+from kit.addresses import host_port, listen_address
+from kit.errors import ConfigError
+from kit.flags import Option, add_options, is_digits, optional_path, read_options
+from kit.names import is_dns_label, is_dns_subdomain
 
-DEFAULT_SOCKET = Path("/run/capwatch/agent.sock")
-DEFAULT_LISTEN = (f"unix://{DEFAULT_SOCKET}", "0.0.0.0:50051")
+DEFAULT_LISTEN = (f"unix://{AGENT_SOCKET}", f"0.0.0.0:{AGENT_PORT}")
 DEFAULT_DEVICE_NAME = "gpu-{index}"
 MAX_SUBSCRIBERS = 20_000
 DEFAULT_RESERVED_LOCAL = 16  # the shim needs one; the rest for DRA clients and operators
@@ -26,9 +27,6 @@ DEFAULT_METRICS_PORT = 9400
 # Prometheus scrapes from another pod, so the default is every interface.
 DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # noqa: S104
 
-_HOST_PORT = re.compile(r"(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]*):(?P<port>[0-9]{1,5})")
-_DNS_LABELS = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
 
 @dataclass(frozen=True, kw_only=True)
 class Listener:
@@ -36,10 +34,6 @@ class Listener:
 
     address: str  # as grpc wants it: "unix:///path" or "host:port"
     unix_path: Path | None = None
-
-    @property
-    def is_unix(self) -> bool:
-        return self.unix_path is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +52,7 @@ class ServerSettings:
     dra_device_name: str  # template with {index} and/or {uuid}
     max_subscribers: int
     grace_s: float  # for in-flight RPCs at shutdown
-    # Of max_subscribers, slots only unix-socket clients may take (server/admission.py).
+    # Of max_subscribers, slots only unix-socket clients may take (server/grpc/admission.py).
     reserved_local_subscribers: int = DEFAULT_RESERVED_LOCAL
     max_streams_per_peer: int = DEFAULT_MAX_PER_PEER  # per TCP client address
     metrics_port: int | None = None  # None: no metrics endpoint (--metrics-port 0)
@@ -76,14 +70,6 @@ class DeviceNamerTemplate:
 
     def __call__(self, index: int, uuid: str | None) -> str:
         return self.template.format(index=index, uuid=(uuid or f"unknown-{index}").lower())
-
-
-def host_port(text: str) -> tuple[str, int] | None:
-    """``host:port`` (host may be ``[v6]`` or empty) split, or None if it is not one."""
-    match = _HOST_PORT.fullmatch(text)
-    if match is None or int(match["port"]) > 65535:
-        return None
-    return match["host"], int(match["port"])
 
 
 def _listener(flag: str, text: str) -> Listener:
@@ -106,7 +92,7 @@ def _device_template(flag: str, text: str) -> str:
     other = text.format(index=1, uuid="gpu-00000000-0000-0000-0000-000000000001")
     if other == sample:
         raise ConfigError(flag, "template must use {index} or {uuid} to tell GPUs apart")
-    if len(sample) > 63 or not _DNS_LABELS.fullmatch(sample) or "." in sample:
+    if not is_dns_label(sample):
         raise ConfigError(flag, f"{text!r} does not give a DNS label (a DRA device name)")
     return text
 
@@ -114,7 +100,7 @@ def _device_template(flag: str, text: str) -> str:
 def _pool_name(flag: str, text: str) -> str | None:
     if not text:
         return None
-    if len(text) > 253 or not _DNS_LABELS.fullmatch(text):
+    if not is_dns_subdomain(text):
         raise ConfigError(flag, f"not a valid DRA pool name: {text!r}")
     return text
 
@@ -141,28 +127,10 @@ def _grace(flag: str, text: str) -> float:
     return value
 
 
-def listen_port(flag: str, text: str) -> int:
-    """A TCP port from 1 to 65535."""
-    if not is_digits(text) or not 1 <= int(text) <= 65535:
-        raise ConfigError(flag, f"must be a port from 1 to 65535, got {text!r}")
-    return int(text)
-
-
 def _metrics_port(flag: str, text: str) -> int | None:
     if not is_digits(text) or not 0 <= int(text) <= 65535:
         raise ConfigError(flag, f"must be a port from 0 (metrics off) to 65535, got {text!r}")
     return int(text) or None
-
-
-def listen_address(flag: str, text: str) -> str:
-    """An IP address or host name to listen on (``[::]`` and ``::`` alike)."""
-    host = text.removeprefix("[").removesuffix("]")  # "[::]" as well as "::"
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if len(host) > 253 or not _DNS_LABELS.fullmatch(host.lower()):
-            raise ConfigError(flag, f"expected an IP address or host name, got {text!r}") from None
-    return host
 
 
 def _group(flag: str, text: str) -> str | None:

@@ -174,28 +174,28 @@ def test_the_shim_loads_none_of_the_agents_modules():
     probe = (
         "import sys; from capwatch import cli; "
         "cli._parser('shim').parse_args(['shim', '--target', 'unix:///run/x.sock']); "
-        "from server.shim import main_shim; "  # what cli._run imports for the shim
+        "from capwatch.shim import main_shim; "  # what cli._run imports for the shim
         "print(' '.join(sorted(sys.modules)))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     loaded = set(done.stdout.split())
-    assert "server.shim" in loaded
+    assert "capwatch.shim" in loaded
     heavy = {
-        "server.launch",
-        "server.serving",
-        "server.watching",
-        "server.metrics",
+        "capwatch.launch",
+        "server.grpc.serving",
+        "server.grpc.node_health",
+        "server.metrics.cycle_metrics",
         "agent.reconciling",
-        "agent.simulation",
-        "agent.kubernetes",
+        "agent.sim.world",
+        "agent.kube.client",
         "kubernetes",
         "yaml",
         "prometheus_client",
         "rich",
-        "server.screen",
-        "server.printer",
+        "capwatch.watch.screen",
+        "capwatch.watch.printer",
     }
     assert loaded & heavy == set()
 
@@ -204,7 +204,7 @@ def test_help_lists_every_command_without_loading_them():
     """`capwatch --help` names every subcommand and imports none of their modules."""
     probe = (
         "import sys; from capwatch import cli; "
-        "sys.exit(cli.main(['--help']) if 'server.shim' not in sys.modules else 3)"
+        "sys.exit(cli.main(['--help']) if 'capwatch.shim' not in sys.modules else 3)"
     )
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", probe],
@@ -217,7 +217,7 @@ def test_help_lists_every_command_without_loading_them():
     for command in ("agent", "demo", "watch", "shim", "forget"):
         assert command in done.stdout
     imported = done.stderr  # -X importtime lists every module imported, on stderr
-    for module in ("server.shim", "server.watch", "server.launch", "agent.settings"):
+    for module in ("capwatch.shim", "capwatch.watch.command", "capwatch.launch", "agent.settings"):
         assert f" {module}\n" not in imported, module
 
 

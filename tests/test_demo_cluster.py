@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.poolspec import node_names, parse_fault
+from agent.sim.poolspec import node_names, parse_fault
 from capwatch.cli import main
-from server.cluster_demo import NODES, cluster_faults
+from capwatch.demo.cluster import NODES, cluster_faults
 from tests.test_demo import _alive, _children
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Watch's cycle messages encoded once per cycle (server/encoding.py).
+"""Watch's cycle messages encoded once per cycle (server/grpc/encoding.py).
 
 The reference is the plain mapper: serializing ``mapping.cycle``'s message
 with the same readiness must give exactly the encoder's bytes.
@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.devices import DeviceState, fold, inventory
-from agent.faults import Fault, FaultKind
 from agent.gpus import GpuErrorClass
+from agent.health.faults import Fault, FaultKind
+from agent.health.telemetry import Readings, ThrottleReason
 from agent.pods import PodRef
-from agent.readiness import Readiness, ReadinessReason
 from agent.reports import (
     AbortReason,
     CapSource,
@@ -29,9 +29,9 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
-from agent.telemetry import Readings, ThrottleReason
-from server import encoding, mapping
-from server.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from kit.readiness import Readiness, ReadinessReason
+from server.grpc import encoding, mapping
 from tests.server.harness import POD, UUIDS, failed, idle, ok
 
 READY = Readiness(ready=True, reason=ReadinessReason.READY, last_good_age_s=0.5)

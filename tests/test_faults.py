@@ -1,11 +1,11 @@
-"""The device-health model (agent/faults.py): which evidence raises which fault, and recovery."""
+"""The device-health model (agent/health/faults.py): which evidence raises which fault."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.errors import ConfigError
-from agent.faults import (
+from agent.gpus import GpuErrorClass
+from agent.health.faults import (
     DEFAULT_XID_IGNORE,
     FAULTS_PER_GPU_LIMIT,
     FaultKind,
@@ -13,8 +13,8 @@ from agent.faults import (
     XidPolicy,
     parse_xids,
 )
-from agent.gpus import GpuErrorClass
-from agent.telemetry import NO_READINGS, DeviceEvent, DeviceEventKind, Readings
+from agent.health.telemetry import NO_READINGS, DeviceEvent, DeviceEventKind, Readings
+from kit.errors import ConfigError
 
 UUID = "GPU-aaaa"
 OTHER = "GPU-bbbb"

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from agent.attribution import Attributor, FsProcRoot
-from agent.clock import FakeClock
 from agent.forgetting import DIRECTORY, ForgetRequests
 from agent.ownership import FILE_NAME, FORMAT_VERSION, OwnershipStore
 from agent.reconciling import Policy, Reconciler
 from agent.reports import Reason
-from agent.scenario import FaultOp, FaultSpec
+from agent.sim.scenario import FaultOp, FaultSpec
 from capwatch.cli import main
+from kit.clock import FakeClock
 from tests.contract.conftest import KEY, POD_A, PODS, SAFE_W
 from tests.contract.rigs import GPU_COUNT, UUIDS, SimRig
 from tests.fakes.pods import StaticPodView

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.clock import FakeClock
-from agent.settings import LogFormat
-from agent.throttling import ThrottledLog
-from server.logs import JsonFormatter, configure_logging
+from capwatch.logs import JsonFormatter, configure_logging
+from kit.clock import FakeClock
+from kit.flags import LogFormat
+from kit.throttling import ThrottledLog
 
 
 def record(msg: str, *args: object) -> logging.LogRecord:

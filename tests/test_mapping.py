@@ -1,4 +1,4 @@
-"""Pure domain -> protobuf mappers (server/mapping.py) and the device table they read."""
+"""Pure domain -> protobuf mappers (server/grpc/mapping.py) and the device table they read."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from agent.devices import DeviceHealth, device_health, fold, inventory
-from agent.faults import Fault, FaultKind
 from agent.gpus import GpuErrorClass
-from agent.readiness import Readiness, ReadinessReason
+from agent.health.faults import Fault, FaultKind
+from agent.health.telemetry import Readings, ThrottleReason
 from agent.reports import (
     AbortReason,
     CapSource,
@@ -20,9 +20,9 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
-from agent.telemetry import Readings, ThrottleReason
-from server import mapping
-from server.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from kit.readiness import Readiness, ReadinessReason
+from server.grpc import mapping
 from tests.server.harness import POD, UUIDS, failed, idle, ok
 
 READY = Readiness(ready=True, reason=ReadinessReason.READY, last_good_age_s=0.5)

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from agent.clock import FakeClock
 from agent.hub import Hub
-from agent.readiness import ReadinessReason, evaluate, stale_after
 from agent.reports import CycleFailure, CycleFailureKind, CycleReport
+from kit.clock import FakeClock
+from kit.readiness import ReadinessReason, evaluate, stale_after
 
 
 def report(seq: int, clock: FakeClock, *, ok: bool = True) -> CycleReport:

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from agent.attribution import Attributor, FsProcRoot
-from agent.clock import SystemClock
 from agent.hub import Hub
 from agent.lifecycle import Agent
 from agent.ownership import OwnershipStore
-from agent.readiness import ReadinessReason
 from agent.reconciling import Policy, Reconciler
 from agent.running import AgentLoop, CycleThread
-from agent.scenario import FaultOp, FaultSpec
+from agent.sim.scenario import FaultOp, FaultSpec
+from kit.clock import SystemClock
+from kit.readiness import ReadinessReason
 from tests.contract.conftest import KEY, POD_A, PODS
 from tests.contract.rigs import DEFAULT_W, SimRig
 from tests.fakes.pods import StaticPodView

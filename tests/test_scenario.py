@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.errors import ConfigError, ScenarioError
 from agent.gpus import GpuErrorClass
-from agent.proctree import CgroupLayout, QosClass
-from agent.scenario import (
+from agent.sim.proctree import CgroupLayout, QosClass
+from agent.sim.scenario import (
     ALWAYS,
     CycleRange,
     FaultOp,
@@ -24,7 +23,8 @@ from agent.scenario import (
     load_scenario,
     parse_scenario,
 )
-from agent.scenario_devices import DeviceFaultKind
+from agent.sim.scenario_devices import DeviceFaultKind
+from kit.errors import ConfigError, ScenarioError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "scenario.md"
 KEY = "capwatch.io/gpu-power-limit"

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from agent.gpus import GpuError, GpuErrorClass, WriteOutcome
-from agent.scenario import Scenario, parse_scenario
-from agent.simdevices import READS
-from agent.simulation import SimWorld
-from agent.simviews import SimGpuBackend
-from agent.telemetry import DeviceEventKind, Readings, ThrottleReason
+from agent.health.telemetry import DeviceEventKind, Readings, ThrottleReason
+from agent.sim.devices import READS
+from agent.sim.scenario import Scenario, parse_scenario
+from agent.sim.views import SimGpuBackend
+from agent.sim.world import SimWorld
 
 UID_A = "11111111-2222-4333-8444-555555555555"
 GPU0, GPU1 = "GPU-aaaa-0", "GPU-aaaa-1"

@@ -10,18 +10,18 @@ import pytest
 
 from agent.attribution import Attributor
 from agent.capping import DEFAULT_ANNOTATION_KEY
-from agent.clock import FakeClock
 from agent.devices import fold, inventory
-from agent.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, FaultKind
 from agent.gpus import GpuErrorClass
+from agent.health.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, FaultKind
+from agent.health.telemetry import DeviceEventKind, ThrottleReason
 from agent.ownership import OwnershipStore
 from agent.reconciling import Policy, Reconciler
 from agent.reports import CycleReport, GpuResult, Outcome, Reason
-from agent.scenario import Scenario, default_scenario, parse_scenario
-from agent.simdevices import READS
-from agent.simulation import SimWorld
-from agent.simviews import SimGpuBackend, SimPodView
-from agent.telemetry import DeviceEventKind, ThrottleReason
+from agent.sim.devices import READS
+from agent.sim.scenario import Scenario, default_scenario, parse_scenario
+from agent.sim.views import SimGpuBackend, SimPodView
+from agent.sim.world import SimWorld
+from kit.clock import FakeClock
 
 UID_A = "11111111-2222-4333-8444-555555555555"
 GPU0, GPU1 = "GPU-aaaa-0", "GPU-aaaa-1"

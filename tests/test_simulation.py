@@ -12,18 +12,18 @@ import pytest
 
 from agent.attribution import Attributor, FsProcRoot
 from agent.capping import DEFAULT_ANNOTATION_KEY
-from agent.clock import FakeClock
-from agent.errors import PodViewError, ScenarioError
 from agent.gpus import GpuBackend, GpuError, GpuErrorClass, WriteOutcome, WriteResult
 from agent.ownership import OwnershipStore
 from agent.pods import PodView
-from agent.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text
 from agent.reconciling import Policy, Reconciler
 from agent.reports import Outcome
-from agent.scenario import FaultOp, FaultSpec, PodSpec, Scenario, parse_scenario
-from agent.scenario import default_scenario as builtin_scenario
-from agent.simulation import SimWorld, SimWrite, WriteKind
-from agent.simviews import SimGpuBackend, SimPodView
+from agent.sim.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text
+from agent.sim.scenario import FaultOp, FaultSpec, PodSpec, Scenario, parse_scenario
+from agent.sim.scenario import default_scenario as builtin_scenario
+from agent.sim.views import SimGpuBackend, SimPodView
+from agent.sim.world import SimWorld, SimWrite, WriteKind
+from kit.clock import FakeClock
+from kit.errors import PodViewError, ScenarioError
 
 UID_A = "11111111-2222-4333-8444-555555555555"
 UID_B = "66666666-7777-4888-8999-aaaaaaaaaaaa"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from controller.cluster.serving import ClusterServer
 from controller.leasing import LeaseConfig
-from controller.serving import ClusterServer
-from controller.writing import REQUEST_TIMEOUT_S
-from server.readyz import PATH as READYZ_PATH
+from controller.writes.writer import REQUEST_TIMEOUT_S
+from server.http.readyz import PATH as READYZ_PATH
 from tests.chart.controller_support import (
     AGENT_SELECTOR,
     NAME,

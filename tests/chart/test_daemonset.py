@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.settings import BackendKind, LogFormat, agent_settings
+from agent.settings import BackendKind, agent_settings
 from capwatch.cli import _parser  # the real `capwatch` parser: what the image will accept
+from kit.flags import LogFormat
 from server.settings import server_settings
 from tests.chart.support import VARIANTS, Helm, Manifests, ports
 

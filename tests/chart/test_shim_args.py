@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from capwatch.cli import _parser  # the real `capwatch` parser: what the image will accept
+from capwatch.shim import shim_settings
 from server.settings import server_settings
-from server.shim import shim_settings
-from server.watch import watch_settings
 from tests.chart.support import VARIANTS, Manifests, ports
 
 
@@ -24,10 +23,7 @@ def test_rendered_shim_args_parse_into_the_probed_port_and_the_agents_socket(
     assert namespace.command == "shim"
     env = {e["name"]: e.get("value", "") for e in shim.get("env", [])}
     settings = shim_settings(namespace, env)
-    # As main_shim reads the connection options.
-    connection = watch_settings(
-        namespace, {k: v for k, v in env.items() if not k.startswith("CAPWATCH_WATCH_")}
-    )
+    connection = settings.connection
     assert settings.readyz_port == shim["readinessProbe"]["httpGet"]["port"] == 8081
     assert settings.readyz_port == ports(shim)["readyz"]
     assert settings.readyz_address == "0.0.0.0"  # the kubelet probes the pod IP

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from agent.clock import FakeClock
-from controller.cluster import ClusterView
+from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from controller.cluster.serving import ClusterHealthServicer, add_to_server
+from controller.cluster.state import ClusterView
 from controller.conditions import (
     AgentLink,
     CycleSummary,
@@ -24,9 +25,8 @@ from controller.conditions import (
     NodeObservation,
     condition_of,
 )
-from controller.serving import ClusterHealthServicer, add_to_server
 from controller.tracking import NodeState
-from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from kit.clock import FakeClock
 
 GPUS = 8
 

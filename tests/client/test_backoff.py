@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from agent.errors import ConfigError
-from server.client import Backoff
+from client.node_health import Backoff
+from kit.errors import ConfigError
 
 
 def test_default_ceiling_doubles_from_200ms_up_to_10s():

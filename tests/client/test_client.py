@@ -11,9 +11,7 @@ from collections.abc import AsyncGenerator, Iterator
 import grpc
 import pytest
 
-from agent.clock import FakeClock
-from agent.errors import ConfigError
-from server.client import (
+from client.node_health import (
     Backoff,
     ClientError,
     Cycle,
@@ -25,6 +23,8 @@ from server.client import (
     NodeHealthClient,
     Snapshot,
 )
+from kit.clock import FakeClock
+from kit.errors import ConfigError
 from tests.client.support import eventually
 from tests.server.harness import (
     UUIDS,

@@ -12,12 +12,8 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from agent.clock import FakeClock
-from agent.errors import ConfigError
-from controller.conditions import AgentLink
-from controller.serving import DEFAULT_HEARTBEAT_S
-from server.backoff import Backoff
-from server.cluster_client import (
+from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from client.cluster_health import (
     CONTROLLER_HEARTBEAT_S,
     ClientError,
     ClusterEvent,
@@ -27,7 +23,11 @@ from server.cluster_client import (
     Disconnected,
     NodeUpdate,
 )
-from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from controller.cluster.serving import DEFAULT_HEARTBEAT_S
+from controller.conditions import AgentLink
+from kit.backoff import Backoff
+from kit.clock import FakeClock
+from kit.errors import ConfigError
 from tests.client.cluster_rig import ClusterRig, new_view, start_rig
 from tests.client.support import eventually
 

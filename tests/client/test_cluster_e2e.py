@@ -20,7 +20,7 @@ from tests.metrics.support import AgentProcess, free_port, running_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
-SCENARIO = ROOT / "agent" / "scenarios" / "default.yaml"
+SCENARIO = ROOT / "agent" / "sim" / "scenarios" / "default.yaml"
 DEFAULT_FAULT = "cycles: {from: 4, to: 6}}"
 DEVICE_FAULTS = "\ndevice_faults:\n"  # the file's last section
 

@@ -6,7 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from server.cluster_table import (
+from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.watch.cluster_table import (
     NODE_COLUMNS,
     NodeBoard,
     age_text,
@@ -15,9 +17,7 @@ from server.cluster_table import (
     node_styles,
     node_table,
 )
-from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.tables import FAILED, GOOD, fit, plain
+from capwatch.watch.tables import FAILED, GOOD, fit, plain
 
 HEALTHY, UNHEALTHY = pb.DEVICE_HEALTH_HEALTHY, pb.DEVICE_HEALTH_UNHEALTHY
 LONG_MESSAGE = "gpu1 (GPU-5e5e5e5e-0000-4000-8000-000000000001): write_failed: " + "x" * 200

@@ -1,4 +1,4 @@
-"""Clients of one address sharing one channel (server/channels.py): a controller following
+"""Clients of one address sharing one channel (client/channels.py): a controller following
 many nodes behind one address holds one connection, which outlives any stream and the
 server's restart, and closes with its last client."""
 
@@ -9,8 +9,8 @@ import contextlib
 
 import pytest
 
-from server.channels import SharedChannels
-from server.client import Disconnected, NodeHealthClient, Snapshot
+from client.channels import SharedChannels
+from client.node_health import Disconnected, NodeHealthClient, Snapshot
 from tests.server.harness import running, settings_for
 
 pytestmark = pytest.mark.asyncio

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.readiness import ReadinessReason
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.v1 import dra_health_pb2 as v1_pb
-from server.mapping import READINESS_REASON
-from server.tables import (
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.watch.tables import (
     FAILED,
     GPU_COLUMNS,
     fit,
@@ -21,6 +19,8 @@ from server.tables import (
     render_readiness,
     render_snapshot,
 )
+from kit.readiness import ReadinessReason
+from server.grpc.mapping import READINESS_REASON
 
 
 def _rows(text: str) -> list[list[str]]:

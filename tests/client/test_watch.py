@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from capwatch.cli import main
-from server.watch import add_watch_arguments, watch, watch_settings
+from capwatch.watch.command import add_watch_arguments, watch, watch_settings
 from tests.client.support import eventually
 from tests.server.harness import (
     UUIDS,

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from agent.attribution import Attributor, FsProcRoot
-from agent.clock import FakeClock
 from agent.ownership import LoadStatus, OwnershipStore
 from agent.pods import PodInfo, PodRef
 from agent.reconciling import Policy, Reconciler
+from kit.clock import FakeClock
 from tests.contract.rigs import GPU_COUNT, NvmlRig, Rig, SimRig
 from tests.fakes.pods import StaticPodView
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.gpus import GpuBackend, GpuErrorClass, WriteOutcome
-from agent.proctree import ProcSpec, materialise
 from agent.reconciling import CycleListener
-from agent.scenario import FaultOp, FaultSpec, parse_scenario
-from agent.simulation import SimWorld
-from agent.simviews import SimGpuBackend
+from agent.sim.proctree import ProcSpec, materialise
+from agent.sim.scenario import FaultOp, FaultSpec, parse_scenario
+from agent.sim.views import SimGpuBackend
+from agent.sim.world import SimWorld
 from tests.fakenvml.control import FakeDevice, FakeNvml
 
 GPU_COUNT = 3
@@ -130,7 +130,7 @@ class NvmlRig:
     name = "nvml"
 
     def __init__(self, fake: FakeNvml, proc_root: Path) -> None:
-        from agent.nvml import NvmlBackend
+        from agent.nvml.backend import NvmlBackend
         from tests.fakenvml.fixtures import FIXTURE_EVENT_WAIT_MS
 
         self.fake = fake

@@ -10,12 +10,12 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
+from client.stream_events import Event
 from controller.errors import ApiError, Conflict, NotFound
 from controller.leasing import LeaseRecord
-from controller.recording import NodeEvent
 from controller.tracking import NodeState
-from controller.writing import NodeCondition
-from server.events import Event
+from controller.writes.recorder import NodeEvent
+from controller.writes.writer import NodeCondition
 
 
 class RecordingListener:

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from agent.clock import SystemClock
-from agent.errors import ConfigError
-from agent.informer import WatchPolicy
+from agent.kube.informer import WatchPolicy
 from controller.conditions import ConditionStatus
 from controller.discovery import KubernetesDiscovery, StaticDiscovery, agent_pod, parse_targets
-from controller.writing import NodeCondition
+from controller.writes.writer import NodeCondition
+from kit.clock import SystemClock
+from kit.errors import ConfigError
 from tests.controller.collections_fake import MemoryCollection
 
 PORT = 50051

@@ -16,9 +16,9 @@ from controller.conditions import (
     NodeObservation,
 )
 from controller.dryrun import PrintingApi, Unfenced
-from controller.recording import EventRecorder, EventType, NodeEvent
 from controller.tracking import NodeState
-from controller.writing import REQUEST_TIMEOUT_S, ConditionWriter, NodeCondition
+from controller.writes.recorder import EventRecorder, EventType, NodeEvent
+from controller.writes.writer import REQUEST_TIMEOUT_S, ConditionWriter, NodeCondition
 from tests.controller.virtual_time import LoopClock
 
 

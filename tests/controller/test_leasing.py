@@ -14,9 +14,9 @@ import random
 
 import pytest
 
-from agent.clock import FakeClock
-from agent.errors import ConfigError
 from controller.leasing import JITTER_FACTOR, LeaseConfig, LeaseElector, LeaseRecord, micro_time
+from kit.clock import FakeClock
+from kit.errors import ConfigError
 from tests.controller.fakes import LeaseClient, LeaseStore
 from tests.controller.virtual_time import LoopClock
 

@@ -1,13 +1,13 @@
-"""The controller's summaries to capwatch.v1 cluster messages (controller/mapping.py)."""
+"""The controller's summaries to capwatch.v1 cluster messages (controller/cluster/mapping.py)."""
 
 from __future__ import annotations
 
 import pytest
 
+from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from controller.cluster.mapping import gpu
 from controller.conditions import GpuSummary
-from controller.mapping import gpu
-from server.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from server.gen.capwatch.v1 import node_health_pb2 as pb
 
 BASE = GpuSummary(
     index=2, uuid="GPU-2", healthy=True, outcome="enforced", reason="ok", message="capped"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from api.gen.capwatch.v1 import node_health_pb2 as pb
 from controller.conditions import GpuSummary
 from controller.reading import cycle_age, cycle_summary, gpu_summaries, merged
-from server.gen.capwatch.v1 import node_health_pb2 as pb
 from tests.controller.builders import device, failed_device, gpu, readiness, report
 
 

@@ -1,4 +1,4 @@
-"""Events on Nodes (controller/recording.py): one per transition of the condition, Warning
+"""Events on Nodes (controller/writes/recorder.py): one per transition of the condition, Warning
 to False or Unknown, Normal back to True, none for a node first seen True, deduplicated
 within the window, fenced like the condition writes, best effort."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.clock import FakeClock
 from controller.conditions import Condition, ConditionReason, ConditionStatus
 from controller.errors import ApiError
-from controller.recording import DEDUPE_WINDOW_S, REQUEST_TIMEOUT_S, EventRecorder, EventType
-from controller.writing import NodeCondition
+from controller.writes.recorder import DEDUPE_WINDOW_S, REQUEST_TIMEOUT_S, EventRecorder, EventType
+from controller.writes.writer import NodeCondition
+from kit.clock import FakeClock
 from tests.controller.fakes import FakeEventApi, ManualFence
 
 R = ConditionReason

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import ConfigError
 from controller.sharding import fnv1a64, ordinal, shard_of
+from kit.errors import ConfigError
 
 NODES = [f"gpu-node-{i:05d}.pool-{i % 7}.example.internal" for i in range(10_000)]
 _MASK64 = 0xFFFFFFFFFFFFFFFF

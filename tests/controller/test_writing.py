@@ -1,4 +1,4 @@
-"""The condition writer (controller/writing.py): what is written to a Node and when --
+"""The condition writer (controller/writes/writer.py): what is written to a Node and when --
 only on a change of status or reason, a heartbeat, fenced by the lease, retried with
 backoff, one write per node at a time with its latest state -- and what it reports.
 
@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from controller.errors import ApiError
-from controller.writing import (
+from controller.writes.writer import (
     RETRY_INITIAL_S,
     RETRY_MAX_S,
     NodeCondition,

@@ -1,4 +1,4 @@
-"""The condition writer (controller/writing.py) under its lease and its workers: fenced
+"""The condition writer (controller/writes/writer.py) under its lease and its workers: fenced
 writes held and resumed, a write's deadline bounded by the fence, one write per node at a
 time, concurrency across nodes, detection latency, surprises from the API, and stop.
 
@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from controller.errors import ApiError
-from controller.writing import (
+from controller.writes.writer import (
     REQUEST_TIMEOUT_S,
 )
 from tests.controller.writing_rig import (

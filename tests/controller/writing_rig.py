@@ -13,9 +13,9 @@ from controller.conditions import (
     ConditionStatus,
     NodeObservation,
 )
-from controller.recording import EventRecorder
 from controller.tracking import NodeState
-from controller.writing import (
+from controller.writes.recorder import EventRecorder
+from controller.writes.writer import (
     ConditionWriter,
     NodeCondition,
 )

@@ -15,14 +15,14 @@ import pytest
 import pytest_asyncio
 
 from agent.attribution import Attributor, FsProcRoot
-from agent.clock import SystemClock
-from agent.faults import FaultTracker, XidPolicy
-from agent.nvml import NvmlBackend
+from agent.health.faults import FaultTracker, XidPolicy
+from agent.nvml.backend import NvmlBackend
 from agent.ownership import OwnershipStore
 from agent.reconciling import Policy, Reconciler
 from agent.reports import CycleReport
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from kit.clock import SystemClock
 from tests.dra.client import KubeletStream
 from tests.dra.kubelet_api import VERSIONS, KubeletApi
 from tests.fakenvml.control import FakeDevice, FakeNvml

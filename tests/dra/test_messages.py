@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from agent.faults import FAULTS_PER_GPU_LIMIT, Fault, FaultKind
 from agent.gpus import GpuErrorClass
+from agent.health.faults import FAULTS_PER_GPU_LIMIT, Fault, FaultKind
 from agent.reports import AbortReason, GpuResult
 from tests.dra.client import MAX_MESSAGE, KubeletStream, Received
 from tests.dra.conftest import Serve

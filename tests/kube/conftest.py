@@ -11,9 +11,9 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from agent.clock import SystemClock
-from agent.informer import WatchPolicy
-from agent.kubernetes import KubernetesPodView
+from agent.kube.client import KubernetesPodView
+from agent.kube.informer import WatchPolicy
+from kit.clock import SystemClock
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.rawapi import client_for
 from tests.kube.support import NODE

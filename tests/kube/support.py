@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agent.errors import PodViewError
-from agent.kubernetes import KubernetesPodView
+from agent.kube.client import KubernetesPodView
+from kit.errors import PodViewError
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 NODE = "node-a"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.clock import SystemClock
-from agent.errors import ConfigError
-from agent.informer import WatchPolicy
-from agent.kubernetes import KubernetesPodView, api_client_from_environment
+from agent.kube.client import KubernetesPodView, api_client_from_environment
+from agent.kube.informer import WatchPolicy
+from kit.clock import SystemClock
+from kit.errors import ConfigError
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.support import NODE, is_synced, names, wait_until
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import kubernetes.client
 import pytest
 
-from agent.clock import FakeClock
-from agent.kubernetes import KubernetesEventSink
+from agent.kube.client import KubernetesEventSink
 from agent.podevents import EventSinkError, EventType, PodEvent
 from agent.pods import PodRef
+from kit.clock import FakeClock
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 POD = PodRef(namespace="ml", name="trainer", uid="aaaaaaaa-0000-4000-8000-000000000001")

@@ -11,8 +11,8 @@ from controller.conditions import ConditionStatus
 from controller.errors import Conflict, NotFound
 from controller.kube import KubeApi, node_condition
 from controller.leasing import LeaseRecord, micro_time
-from controller.recording import EventType, NodeEvent
-from controller.writing import NodeCondition
+from controller.writes.recorder import EventType, NodeEvent
+from controller.writes.writer import NodeCondition
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.conftest import ClientFactory
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agent.errors import PodViewError
+from kit.errors import PodViewError
 from tests.fakes.kube_apiserver import FakeKubeApiServer, GoneMode
 from tests.kube.conftest import ViewFactory
 from tests.kube.support import NODE, OTHER_NODE, is_synced, names, wait_until, wait_watching

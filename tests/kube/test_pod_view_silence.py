@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.clock import FakeClock
-from agent.errors import PodViewError
+from kit.clock import FakeClock
+from kit.errors import PodViewError
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.conftest import ViewFactory
 from tests.kube.support import NODE, is_synced, names, wait_until, wait_watching

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 from prometheus_client import generate_latest
 
-from agent.clock import FakeClock
 from agent.devices import inventory
 from agent.hub import Hub
 from agent.pods import PodRef
 from agent.reports import CapSource, CycleReport, GpuResult, Outcome, Reason
-from server.metrics import Metrics
-from server.publication import Publication
+from kit.clock import FakeClock
+from server.grpc.publication import Publication
+from server.metrics.cycle_metrics import Metrics
 from server.settings import DeviceNamerTemplate
 from tests.metrics.support import samples
 

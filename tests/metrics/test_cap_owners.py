@@ -8,7 +8,7 @@ import pytest
 
 from agent.pods import PodRef
 from agent.reports import GpuResult, Outcome, Reason
-from server.metrics import GpuCaps, next_caps
+from server.metrics.cycle_metrics import GpuCaps, next_caps
 from tests.metrics.churn import churn
 from tests.metrics.conftest import Followed
 from tests.metrics.support import series_of

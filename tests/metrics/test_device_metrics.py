@@ -1,4 +1,4 @@
-"""Device-health metrics (server/device_metrics.py): faults, XIDs, power, throttling, ECC."""
+"""Device-health metrics (server/metrics/device_metrics.py): faults, XIDs, power, ECC."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from agent.faults import Fault, FaultKind
-from agent.telemetry import DeviceEvent, DeviceEventKind, Readings, ThrottleReason
-from server.device_metrics import XID_CODES_PER_GPU
+from agent.health.faults import Fault, FaultKind
+from agent.health.telemetry import DeviceEvent, DeviceEventKind, Readings, ThrottleReason
+from server.metrics.device_metrics import XID_CODES_PER_GPU
 from tests.metrics.conftest import Followed
 from tests.metrics.support import series_of, value
 from tests.server.harness import UUIDS, failed, idle, ok

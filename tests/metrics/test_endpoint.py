@@ -20,8 +20,8 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from capwatch.cli import main
-from server.exposition import MetricsServer
-from server.metrics import Metrics
+from server.metrics.cycle_metrics import Metrics
+from server.metrics.endpoint import MetricsServer
 from server.settings import server_settings
 from tests.metrics.support import (
     eventually,

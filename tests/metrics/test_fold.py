@@ -11,7 +11,6 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.clock import FakeClock
 from agent.devices import inventory
 from agent.gpus import GpuErrorClass
 from agent.hub import Hub
@@ -29,12 +28,13 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from kit.clock import FakeClock
 from server.certificates import Reloads
-from server.exposition import MetricsServer
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from server.metrics import FAILURE_REASONS, GpuCaps, Metrics, next_caps
-from server.publication import Publication
+from server.grpc.publication import Publication
+from server.metrics.cycle_metrics import FAILURE_REASONS, GpuCaps, Metrics, next_caps
+from server.metrics.endpoint import MetricsServer
 from server.settings import DeviceNamerTemplate
 from tests.metrics.conftest import Followed
 from tests.metrics.support import eventually, scrape, series_of, value

@@ -1,1 +1,1 @@
-"""Tests of agent.nvml through the real pynvml against the fake libnvidia-ml.so.1."""
+"""Tests of agent.nvml.backend through the real pynvml against the fake libnvidia-ml.so.1."""

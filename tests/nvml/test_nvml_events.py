@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent.nvml import NvmlBackend
-from agent.nvmlevents import THREAD_NAME
-from agent.telemetry import EVENT_KEYS_LIMIT, DeviceEventKind
+from agent.health.telemetry import EVENT_KEYS_LIMIT, DeviceEventKind
+from agent.nvml.backend import NvmlBackend
+from agent.nvml.event_watch import THREAD_NAME
 from tests.fakenvml.control import (
     DEFAULT_UUIDS,
     EVENT_DOUBLE_BIT_ECC,
@@ -164,7 +164,7 @@ def test_distinct_codes_stay_within_the_key_bound(
     for code in range(EVENT_KEYS_LIMIT + extra):
         fake_nvml.queue_xid(1, code)
     delivered(fake_nvml, timeout=30)
-    with caplog.at_level(logging.WARNING, logger="agent.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="agent.health.telemetry"):
         start = time.perf_counter()
         events = nvml_backend.drain_events()
         drained_in = time.perf_counter() - start
@@ -179,7 +179,7 @@ def test_thread_survives_wait_errors(
 ) -> None:
     """Failing waits (unknown error, GPU lost) are logged, rate-limited, and the thread
     goes on delivering events afterwards."""
-    with caplog.at_level(logging.WARNING, logger="agent.nvmlevents"):
+    with caplog.at_level(logging.WARNING, logger="agent.nvml.event_watch"):
         fake_nvml.inject("nvmlEventSetWait", None, "NVML_ERROR_UNKNOWN", times=2)
         fake_nvml.inject("nvmlEventSetWait", None, "NVML_ERROR_GPU_IS_LOST", times=1)
         fake_nvml.queue_xid(0, 62)
@@ -258,7 +258,7 @@ def test_partial_and_no_event_support(
             FakeDevice(uuid="GPU-none", supported_events=0),
         ]
     )
-    with caplog.at_level(logging.INFO, logger="agent.nvmlevents"):
+    with caplog.at_level(logging.INFO, logger="agent.nvml.event_watch"):
         backend = NvmlBackend.open(event_wait_ms=20)
         try:
             backend.readings(1)
@@ -292,7 +292,7 @@ def test_no_event_set_means_no_events_but_a_working_backend(
     """If the event set cannot be created the backend still opens and reads, logs why,
     starts no thread, and drains nothing."""
     fake_nvml.inject("nvmlEventSetCreate", None, "NVML_ERROR_NOT_SUPPORTED")
-    with caplog.at_level(logging.WARNING, logger="agent.nvml"):
+    with caplog.at_level(logging.WARNING, logger="agent.nvml.backend"):
         backend = NvmlBackend.open(event_wait_ms=20)
     try:
         assert "device events unavailable" in caplog.text

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import BackendUnavailable
 from agent.gpus import GpuError, GpuErrorClass, WriteOutcome
-from agent.nvml import NvmlBackend
+from agent.nvml.backend import NvmlBackend
+from kit.errors import BackendUnavailable
 from tests.fakenvml.build import HERE, SONAME, BuildError, build, find_header
 from tests.fakenvml.control import (
     DEFAULT_UUIDS,
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.nvml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# The C symbols pynvml's wrappers look up on the paths agent.nvml uses.
+# The C symbols pynvml's wrappers look up on the paths agent.nvml.backend uses.
 PYNVML_SYMBOLS = {
     "nvmlInitWithFlags",
     "nvmlShutdown",
@@ -211,7 +211,7 @@ def test_subprocess_configured_by_file(fake_nvml_library: Path, tmp_path: Path) 
     script = textwrap.dedent(
         """
         from agent.gpus import GpuError
-        from agent.nvml import NvmlBackend
+        from agent.nvml.backend import NvmlBackend
         with NvmlBackend() as b:
             print(b.device_count(), b.uuid(0), b.processes(0))
             print(b.set_limit(0, uuid="GPU-sub0", milliwatts=123_000).outcome.value)

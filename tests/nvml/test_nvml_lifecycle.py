@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from agent.errors import BackendUnavailable
 from agent.gpus import GpuError, GpuErrorClass, WriteOutcome
-from agent.nvml import NvmlBackend
+from agent.nvml.backend import NvmlBackend
+from kit.errors import BackendUnavailable
 from tests.fakenvml.control import DEFAULT_UUIDS, FakeNvml
 
 pytestmark = pytest.mark.nvml
@@ -84,7 +84,7 @@ def test_shutdown_error_is_logged_not_raised(
     """A failing nvmlShutdown is logged with its class; close() returns normally."""
     backend = NvmlBackend.open()
     fake_nvml.inject("nvmlShutdown", None, "NVML_ERROR_GPU_IS_LOST")
-    with caplog.at_level(logging.WARNING, logger="agent.nvml"):
+    with caplog.at_level(logging.WARNING, logger="agent.nvml.backend"):
         backend.close()
         backend.close()
     assert "error_class=gpu_is_lost" in caplog.text

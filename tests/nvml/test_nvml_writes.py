@@ -7,7 +7,7 @@ from typing import cast
 import pytest
 
 from agent.gpus import GpuErrorClass, WriteOutcome
-from agent.nvml import NvmlBackend
+from agent.nvml.backend import NvmlBackend
 from tests.fakenvml.control import DEFAULT_UUIDS, FakeDevice, FakeNvml, WriteLogEntry
 from tests.nvml.nvml_codes import CLASSIFIED, CLASSIFIED_IDS
 

@@ -1,5 +1,5 @@
 """``capwatch probe``: every read the agent makes, answered by the real pynvml over the fake
-library, in process and as the command (agent/probing.py)."""
+library, in process and as the command (agent/nvml/probe.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.nvml import NvmlBackend
-from agent.probing import probe
+from agent.nvml.backend import NvmlBackend
+from agent.nvml.probe import probe
 from tests.fakenvml.control import FakeConfig, FakeDevice, FakeNvml, QueuedEvent
 
 pytestmark = pytest.mark.nvml

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from agent.clock import FakeClock
-from agent.pool import Pool, PoolNode, PoolSettings
-from agent.poolspec import PoolFaultKind, parse_fault
 from agent.reports import CycleReport
+from agent.sim.pool import Pool, PoolNode, PoolSettings
+from agent.sim.poolspec import PoolFaultKind, parse_fault
+from kit.clock import FakeClock
 
 START = 1000.0  # FakeClock's monotonic origin
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from capwatch.cli import main
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from server.pool import add_pool_arguments, pool_command, run_pool
+from capwatch.pool import add_pool_arguments, pool_command, run_pool
 from tests.server.harness import eventually
 
 QUIET = ["--log-level", "warning", "--grpc-listen", "127.0.0.1:0"]

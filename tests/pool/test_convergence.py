@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.poolspec import node_names, parse_fault
+from agent.sim.poolspec import node_names, parse_fault
 from tests.pool.processes import (
     ClusterClient,
     Conditions,

@@ -1,14 +1,14 @@
-"""agent/pool.py: many simulated node agents on one cycle thread -- the staggered schedule,
+"""agent/sim/pool.py: many simulated node agents on one cycle thread -- the staggered schedule,
 the faults each node is hit by, and that no node's fault or cycle touches another's state."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.clock import FakeClock
-from agent.pool import WRITE_LOG, PoolNode, PoolSettings
-from agent.poolspec import PoolFaultKind, parse_fault
 from agent.reports import Outcome, Reason
+from agent.sim.pool import WRITE_LOG, PoolNode, PoolSettings
+from agent.sim.poolspec import PoolFaultKind, parse_fault
+from kit.clock import FakeClock
 from tests.pool.support import run_pool_for
 
 NONE: frozenset[PoolFaultKind] = frozenset()

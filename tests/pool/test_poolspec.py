@@ -1,18 +1,18 @@
-"""agent/poolspec.py: the fault schedule's syntax and windows, which nodes a fault hits, and
+"""agent/sim/poolspec.py: the fault schedule's syntax and windows, which nodes a fault hits, and
 each node's generated scenario."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.errors import ConfigError
-from agent.poolspec import (
+from agent.sim.poolspec import (
     PoolFault,
     PoolFaultKind,
     node_names,
     node_scenario,
     parse_fault,
 )
+from kit.errors import ConfigError
 
 NAMES = node_names(10_000, prefix="sim-node-")
 

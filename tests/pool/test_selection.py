@@ -1,4 +1,4 @@
-"""server/nodes.py over a real pool server on 127.0.0.1:0: the node a request names is the
+"""server/grpc/nodes.py over a real pool server on 127.0.0.1:0: the node a request names is the
 node served, a request naming none or an unknown one is refused, and a silent or vanished
 node's streams end while every other node's go on."""
 
@@ -16,20 +16,20 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from agent.clock import SystemClock
-from agent.pool import Pool, PoolNode, PoolSettings
-from agent.poolspec import PoolFaultKind
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from server.gen.v1 import dra_health_pb2 as v1_pb
-from server.gen.v1 import dra_health_pb2_grpc as v1_grpc
-from server.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
-from server.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
-from server.nodes import NODE_METADATA_KEY, ManyNodes, NodeState
-from server.pool import node_state, pool_server_settings, served_nodes
-from server.serving import AgentServer
-from server.watch import watch
-from server.watch_settings import add_watch_arguments, watch_settings
+from agent.sim.pool import Pool, PoolNode, PoolSettings
+from agent.sim.poolspec import PoolFaultKind
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from api.gen.v1 import dra_health_pb2 as v1_pb
+from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
+from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
+from capwatch.pool import node_state, pool_server_settings, served_nodes
+from capwatch.watch.command import watch
+from capwatch.watch.settings import add_watch_arguments, watch_settings
+from kit.clock import SystemClock
+from server.grpc.nodes import NODE_METADATA_KEY, ManyNodes, NodeState
+from server.grpc.serving import AgentServer
 from tests.server.harness import next_event
 
 NONE: frozenset[PoolFaultKind] = frozenset()

@@ -16,9 +16,9 @@ from typing import Any
 
 import grpc
 
-from agent.clock import SystemClock
 from agent.devices import inventory
 from agent.gpus import GpuErrorClass
+from agent.health.telemetry import DeviceEvent
 from agent.hub import Hub
 from agent.pods import PodRef
 from agent.reports import (
@@ -31,9 +31,9 @@ from agent.reports import (
     Outcome,
     Reason,
 )
-from agent.telemetry import DeviceEvent
-from server.publication import Publication
-from server.serving import AgentServer
+from kit.clock import SystemClock
+from server.grpc.publication import Publication
+from server.grpc.serving import AgentServer
 from server.settings import ServerSettings, server_settings
 
 NODE = "node-under-test"

@@ -1,4 +1,4 @@
-"""Stream slots: the unix socket's reserve and the limit per TCP address (server/admission.py).
+"""Stream slots: the unix socket's reserve and the limit per TCP address (server/grpc/admission.py).
 
 The rules as a table over :class:`Admission`, then the lock-out they prevent,
 over real listeners: one TCP client opening streams until refused leaves the
@@ -15,12 +15,19 @@ from typing import Any
 import grpc
 import pytest
 
-from server.admission import Admission, Refusal, RefusalReason, Slot, StreamLimits, peer_address
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from server.gen.v1 import dra_health_pb2 as dra_pb
-from server.gen.v1 import dra_health_pb2_grpc as dra_grpc
-from server.metrics import Metrics
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from api.gen.v1 import dra_health_pb2 as dra_pb
+from api.gen.v1 import dra_health_pb2_grpc as dra_grpc
+from server.grpc.admission import (
+    Admission,
+    Refusal,
+    RefusalReason,
+    Slot,
+    StreamLimits,
+    peer_address,
+)
+from server.metrics.cycle_metrics import Metrics
 from tests.metrics.support import scrape, value
 from tests.server.harness import ServerHarness, eventually, next_event, running, settings_for
 
@@ -138,7 +145,7 @@ async def test_a_tcp_client_filling_its_share_cannot_lock_out_the_socket(
         "127.0.0.1:0",
         extra={"grpc_max_subscribers": "4", "grpc_reserved_local_subscribers": "1"},
     )
-    caplog.set_level(logging.WARNING, logger="server.publication")
+    caplog.set_level(logging.WARNING, logger="server.grpc.publication")
     async with (
         running(settings=settings) as harness,
         harness.channel() as tcp,
@@ -166,7 +173,7 @@ async def test_a_tcp_client_filling_its_share_cannot_lock_out_the_socket(
         await next_event(again, "snapshot")
         for call in (*opened, again, shim):
             call.cancel()
-    refused = [r.getMessage() for r in caplog.records if r.name == "server.publication"]
+    refused = [r.getMessage() for r in caplog.records if r.name == "server.grpc.publication"]
     assert len(refused) == 2
     assert refused[0].startswith("stream refused peer=ipv4:127.0.0.1:")
     assert "reason=subscriber_limit" in refused[0]

@@ -1,4 +1,4 @@
-"""The shared broadcast (server/broadcast.py): cursors, wake-ups, resync, quiet periods."""
+"""The shared broadcast (kit/broadcast.py): cursors, wake-ups, resync, quiet periods."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from server.broadcast import Broadcast, Signal
+from kit.broadcast import Broadcast, Signal
 
 pytestmark = pytest.mark.asyncio
 

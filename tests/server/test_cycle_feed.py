@@ -1,4 +1,4 @@
-"""The Watch stream's shared cycles (server/cycle_feed.py): one message, honest ages.
+"""The Watch stream's shared cycles (server/grpc/cycle_feed.py): one message, honest ages.
 
 The servicer's Watch is driven directly, on a fake clock, so time can stand
 still between two sends or jump between them: what a stream sends at a given
@@ -15,16 +15,16 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.clock import FakeClock
 from agent.devices import inventory
 from agent.hub import Hub
 from agent.reports import CycleReport, GpuResult
-from server import mapping
-from server.cycle_feed import AGE_WINDOW_S, CycleFeed
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.nodes import OneNode
-from server.publication import Publication
-from server.watching import NodeHealthServicer
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from kit.clock import FakeClock
+from server.grpc import mapping
+from server.grpc.cycle_feed import AGE_WINDOW_S, CycleFeed
+from server.grpc.node_health import NodeHealthServicer
+from server.grpc.nodes import OneNode
+from server.grpc.publication import Publication
 from tests.server.harness import NODE, UUIDS, failed, ok, settings_for
 
 pytestmark = pytest.mark.asyncio

@@ -1,4 +1,4 @@
-"""Listeners (server/serving.py) and the server flags' validation (server/settings.py)."""
+"""Listeners (server/grpc/serving.py) and the server flags' validation (server/settings.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.errors import ConfigError
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from server.serving import ServeError
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from kit.errors import ConfigError
+from server.listeners import ServeError
 from server.settings import server_settings
 from tests.server.harness import NODE, running, settings_for, start_harness
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from server.client import ClientError, Disconnected, NodeHealthClient, Snapshot
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from client.node_health import ClientError, Disconnected, NodeHealthClient, Snapshot
 from tests.server.harness import NODE, ServerHarness
 
 pytestmark = pytest.mark.asyncio

@@ -11,8 +11,8 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from agent.reports import CapSource, GpuResult, Outcome, Reason
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from tests.server.harness import POD, ServerHarness, eventually, running
 
 pytestmark = pytest.mark.asyncio

@@ -19,11 +19,11 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from server import certificates
 from server.certificates import Reloads
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from server.serving import ServeError
+from server.listeners import ServeError
 from tests.server.harness import NODE, ServerHarness, running, settings_for
 
 pytestmark = pytest.mark.asyncio

@@ -12,11 +12,11 @@ from google.protobuf.duration_pb2 import Duration
 
 from agent.pods import PodRef
 from agent.reports import CapSource, ClampDirection, GpuResult, Outcome, Reason
-from server.gen.capwatch.v1 import node_health_pb2 as pb
-from server.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from server.gen.v1 import dra_health_pb2 as dra_pb
-from server.gen.v1 import dra_health_pb2_grpc as dra_grpc
-from server.mapping import timestamp
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from api.gen.v1 import dra_health_pb2 as dra_pb
+from api.gen.v1 import dra_health_pb2_grpc as dra_grpc
+from server.grpc.mapping import timestamp
 from tests.server.harness import (
     NODE,
     POD,

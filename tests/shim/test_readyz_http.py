@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from server.readyz import Answer, ReadyzServer
+from server.http.readyz import Answer, ReadyzServer
 
 pytestmark = pytest.mark.asyncio
 

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from agent.reports import CycleReport
-from server.client import NodeHealthClient
+from client.node_health import NodeHealthClient
 from tests.server.harness import failed, ok
 from tests.shim.support import (
     START_S,

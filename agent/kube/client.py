@@ -1,0 +1,192 @@
+"""The Kubernetes API through the ``kubernetes`` client package, the only module
+that imports it: the client's configuration, the pod LIST and WATCH requests
+behind the pod view (whose list+watch mechanics and sync rules are
+:mod:`agent.kube.informer`'s), and the sink that posts :mod:`agent.podevents`' Events.
+
+Requests ask the client for the raw urllib3 response (``_preload_content=False``)
+rather than its pydantic models: the watch is streamed line by line and the JSON
+is turned into :class:`~agent.pods.PodInfo` right at the boundary
+(:func:`agent.kube.wire.pod_info`), so the only untyped values are the decoded
+JSON mappings. The client's ``ApiException`` stays in here: it leaves as
+:class:`~agent.kube.wire.ApiStatusError`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import random
+from typing import Any, cast
+
+import kubernetes.client
+import kubernetes.config
+import urllib3
+import urllib3.exceptions
+
+from agent.kube.informer import WatchPolicy
+from agent.kube.podview import PodInformer
+from agent.kube.wire import ApiStatusError, retry_after_seconds
+from agent.podevents import EventSinkError, PodEvent, event_body
+from kit.clock import Clock
+from kit.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# What posting an Event can fail with, short of a bug: HTTP errors (ApiException),
+# transport errors (urllib3, sockets, http.client framing), undecodable bodies.
+_TRANSIENT = (
+    kubernetes.client.ApiException,
+    urllib3.exceptions.HTTPError,
+    OSError,
+    http.client.HTTPException,
+    ValueError,
+)
+
+
+def api_client_from_environment(kubeconfig: str | None) -> kubernetes.client.ApiClient:
+    """A ``kubernetes.client.ApiClient`` for this process's cluster.
+
+    In-cluster service-account configuration when ``KUBERNETES_SERVICE_HOST`` is
+    set, else the kubeconfig file (``None``: ``$KUBECONFIG`` or ``~/.kube/config``).
+    urllib3's own retries are switched off: the pod view owns the retry policy,
+    and hidden retries would multiply a hanging request's duration.
+    TCP keepalive is on, as client-go has it, for long-lived idle watches.
+    """
+    configuration = kubernetes.client.Configuration()
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        else:
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=configuration
+            )
+    except Exception as err:
+        # The loaders raise ConfigException, OSError, YAML and key errors alike.
+        option = "--kubeconfig" if not os.environ.get("KUBERNETES_SERVICE_HOST") else "in-cluster"
+        raise ConfigError(option, f"cannot load Kubernetes client configuration: {err}") from err
+    configuration.retries = False
+    # TCP keepalive with client-go's timings: a watch through a proxy or load
+    # balancer that silently drops idle flows is noticed (older clients ignore it).
+    configuration.keep_alive = True
+    return kubernetes.client.ApiClient(configuration)
+
+
+class KubernetesEventSink:
+    """Creates pod Events (core/v1) for :class:`agent.podevents.PodEvents`."""
+
+    def __init__(
+        self,
+        *,
+        api_client: kubernetes.client.ApiClient,
+        node_name: str,
+        clock: Clock,
+        request_timeout: float = 10.0,
+    ) -> None:
+        self._api = kubernetes.client.CoreV1Api(api_client)
+        self._node = node_name
+        self._clock = clock
+        self._timeout = request_timeout
+
+    def post(self, event: PodEvent) -> None:
+        body = event_body(event, node_name=self._node, wall=self._clock.wall())
+        try:
+            # A plain dict body is serialized as is; the raw response is not parsed.
+            response = cast(
+                urllib3.HTTPResponse,
+                self._api.create_namespaced_event(
+                    event.pod.namespace,
+                    cast(Any, body),
+                    _preload_content=False,
+                    _request_timeout=(self._timeout, self._timeout),
+                ),
+            )
+            response.release_conn()
+        except _TRANSIENT as err:
+            raise EventSinkError(
+                f"cannot create an event for pod {event.pod.namespace}/{event.pod.name}: "
+                f"{_describe(err)}"
+            ) from err
+
+
+class KubernetesPodRequests:
+    """The pod LIST and WATCH through the client, as raw responses (a
+    :class:`~agent.kube.informer.ListWatchRequests`): cluster-wide, or in one namespace."""
+
+    def __init__(
+        self, api_client: kubernetes.client.ApiClient, *, node_name: str, namespace: str | None
+    ) -> None:
+        self._api = kubernetes.client.CoreV1Api(api_client)
+        self._selector = f"spec.nodeName={node_name}"
+        # None: every namespace (a ClusterRole); a name: that one (a namespaced Role).
+        self._namespace = namespace
+
+    def list(self, *, limit: int, continue_token: str, timeout: float) -> urllib3.HTTPResponse:
+        extra: dict[str, Any] = {"_continue": continue_token} if continue_token else {}
+        return self._request(limit=limit, _request_timeout=(timeout, timeout), **extra)
+
+    def watch(
+        self,
+        *,
+        resource_version: str,
+        timeout_seconds: int,
+        connect_timeout: float,
+        read_timeout: float,
+    ) -> urllib3.HTTPResponse:
+        return self._request(
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            _request_timeout=(connect_timeout, read_timeout),
+        )
+
+    def _request(self, **kwargs: Any) -> urllib3.HTTPResponse:
+        # With _preload_content=False the client returns the raw urllib3 response
+        # (not the annotated V1PodList): the informer decodes the JSON itself.
+        try:
+            if self._namespace is None:
+                response = self._api.list_pod_for_all_namespaces(
+                    field_selector=self._selector, _preload_content=False, **kwargs
+                )
+            else:
+                response = self._api.list_namespaced_pod(
+                    self._namespace, field_selector=self._selector, _preload_content=False, **kwargs
+                )
+        except kubernetes.client.ApiException as err:
+            raise ApiStatusError(
+                status=int(err.status or 0),
+                reason=str(err.reason or ""),
+                retry_after=retry_after_seconds(err.headers),
+            ) from err
+        return cast(urllib3.HTTPResponse, response)
+
+
+class KubernetesPodView(PodInformer):
+    """The pod view (:mod:`agent.kube.podview`) over the ``kubernetes`` client."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        api_client: kubernetes.client.ApiClient,
+        namespace: str | None = None,
+        clock: Clock,
+        policy: WatchPolicy,
+        rng: random.Random | None = None,
+    ) -> None:
+        super().__init__(
+            node_name=node_name,
+            requests=KubernetesPodRequests(api_client, node_name=node_name, namespace=namespace),
+            clock=clock,
+            policy=policy,
+            rng=rng,
+        )
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, kubernetes.client.ApiException):
+        return f"HTTP {err.status} {err.reason}"
+    return f"{type(err).__name__}: {err}"

@@ -1,0 +1,87 @@
+"""The API server's wire format as the pod view reads it, without the client library.
+
+Watch streams are newline-delimited JSON records; pods are decoded straight
+from their JSON into :class:`~agent.pods.PodInfo` (the typed client models
+cost more than the few fields the agent needs). An HTTP error answer becomes
+:class:`ApiStatusError`, so that code above the client never sees its
+exception types.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import urllib3
+
+from agent.pods import PodInfo, PodRef
+from kit.errors import CapwatchError
+
+logger = logging.getLogger(__name__)
+
+
+class ApiStatusError(CapwatchError):
+    """The API server answered a request with an HTTP error status."""
+
+    def __init__(self, *, status: int, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(f"HTTP {status} {reason}")
+        self.status = status
+        self.reason = reason
+        self.retry_after = retry_after  # seconds, from a Retry-After header
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
+    """The Retry-After header in seconds (the HTTP-date form is not used by Kubernetes)."""
+    value = (headers or {}).get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def read_json(response: urllib3.HTTPResponse) -> dict[str, Any]:
+    """A whole (non-streamed) response's JSON object; the connection goes back to the pool."""
+    try:
+        data = response.data
+    finally:
+        response.release_conn()
+    decoded = json.loads(data)
+    if not isinstance(decoded, dict):
+        raise ValueError(f"expected a JSON object, got {type(decoded).__name__}")
+    return decoded
+
+
+def stream_lines(response: urllib3.HTTPResponse) -> Iterator[str]:
+    """Newline-delimited records of a streamed response, as they arrive."""
+    buffer = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        buffer += bytes(chunk)
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line.decode("utf-8", errors="replace")
+
+
+def shutdown_response(response: urllib3.HTTPResponse) -> None:
+    """Unblock a thread reading ``response``: shut the socket's read side."""
+    try:
+        response.shutdown()
+    except (OSError, ValueError, RuntimeError, AttributeError):
+        logger.debug("watch response already closed")
+
+
+def as_mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def pod_info(obj: Mapping[str, Any]) -> PodInfo | None:
+    """A pod's JSON as the agent sees it; None (and a warning) if it lacks identity."""
+    metadata = as_mapping(obj.get("metadata"))
+    uid, name, namespace = (str(metadata.get(k) or "") for k in ("uid", "name", "namespace"))
+    if not (uid and name and namespace):
+        logger.warning("skipping pod without identity metadata=%r", dict(metadata))
+        return None
+    annotations = {str(k): str(v) for k, v in as_mapping(metadata.get("annotations")).items()}
+    return PodInfo(ref=PodRef(namespace=namespace, name=name, uid=uid), annotations=annotations)

@@ -1,0 +1,109 @@
+"""Run the node agent: the reconcile loop, its gRPC server and metrics, in order.
+
+Start: assemble the agent, bind every listener, gRPC then metrics (a failure
+here is fatal before any cap is touched), then start the loop. Stop (SIGTERM,
+SIGINT, or a supervised task dying): gRPC health NOT_SERVING, streams ended,
+server stopped with grace, then the loop stopped, owned GPUs restored, NVML
+closed, and metrics (still scraped while caps are restored) stopped last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+from agent.assembly import build_agent
+from agent.lifecycle import ShutdownSummary
+from agent.reports import CycleReport
+from agent.settings import AgentSettings
+from server.grpc.publication import Publication
+from server.grpc.serving import AgentServer
+from server.metrics.cycle_metrics import Metrics
+from server.metrics.endpoint import MetricsServer
+from server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+async def run_agent(
+    settings: AgentSettings,
+    server_settings: ServerSettings,
+    *,
+    on_report: Callable[[CycleReport], None] | None = None,
+    on_serving: Callable[[AgentServer], Awaitable[None]] | None = None,
+    on_stopped: Callable[[ShutdownSummary], None] | None = None,
+    max_cycles: int | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run until stopped (SIGTERM, SIGINT, ``stop``); returns the process exit code.
+    Raises CapwatchError at start-up."""
+    agent = build_agent(settings, on_report=on_report)
+    stop = stop or asyncio.Event()
+    publication = Publication(
+        hub=agent.hub,
+        clock=agent.hub.clock,
+        node_name=agent.node_name,
+        interval_s=agent.interval_s,
+        namer=server_settings.device_namer(),
+        pool_name=server_settings.dra_pool_name or agent.node_name,
+        max_subscribers=server_settings.max_subscribers,
+        reserved_local=server_settings.reserved_local_subscribers,
+        max_per_peer=server_settings.max_streams_per_peer,
+    )
+    server = AgentServer(settings=server_settings, publication=publication, on_fatal=stop.set)
+    metrics = None
+    if server_settings.metrics_port is not None:
+        metrics = MetricsServer(
+            metrics=Metrics(
+                publication=publication,
+                certificate_reloads=server.certificate_reloads,
+                malformed_requests=server.malformed_requests,
+                pod_events=lambda: None if agent.pod_events is None else agent.pod_events.counts(),
+            ),
+            address=server_settings.metrics_address,
+            port=server_settings.metrics_port,
+            on_fatal=stop.set,
+        )
+    try:
+        await server.start()
+        try:
+            if metrics is not None:
+                await metrics.start()
+        except BaseException:
+            await server.stop()
+            raise
+    except BaseException:
+        agent.close()
+        raise
+    if on_serving is not None:
+        try:
+            await on_serving(server)  # before the first cycle
+        except BaseException:
+            await server.stop()
+            if metrics is not None:
+                await metrics.stop()
+            agent.close()
+            raise
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    task = agent.start(stop, max_cycles=max_cycles)
+    try:
+        await stop.wait()
+        log.info("stopping: readiness off, streams ended, then default caps restored")
+        await server.stop()
+        summary = await agent.stop()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if metrics is not None:
+            await metrics.stop()
+    died = task.done() and not task.cancelled() and task.exception() is not None
+    log.info("stopped clean=%s restored=%d", str(summary.clean).lower(), len(summary.restored))
+    if on_stopped is not None:
+        on_stopped(summary)
+    return EXIT_FAILED if died else EXIT_OK

@@ -1,0 +1,452 @@
+"""Human-readable text for capwatch.v1 and DRA health messages (``capwatch watch``, the demo).
+
+Every line is a sequence of (text, style) segments: a terminal colours them
+(failures red), plain output drops the styles. A table fits the width it is
+given: the columns each width shows are chosen by rank, not by what the cells
+hold, so the layout never jumps when a cycle fails; owners (and, on very
+narrow terminals, reasons) are cut with an ellipsis. With no width (a pipe
+or a file) every column is shown. Wall clock times are local and for humans
+only; ages are the agent's, at send time.
+
+The boards keep what a screen shows: the latest full picture (redrawn in
+place on a terminal) and what changed since the last message (all that is
+printed elsewhere).
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.v1 import dra_health_pb2 as v1_pb
+from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+
+Style = str  # a style name ("bold red"); "" for none
+Segment = tuple[str, Style]
+Line = tuple[Segment, ...]
+DraResponse = v1_pb.NodeWatchResourcesResponse | v1alpha1_pb.NodeWatchResourcesResponse
+
+INDENT = "  "
+GAP = "  "
+FAILED, GOOD, QUIET, HEADER = "bold red", "green", "dim", "bold"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Column:
+    """A table column: shown ``min`` to ``max`` wide; ``rank`` 0 is always shown, the
+    others only where they fit (lower ranks first); spare width goes to lower ``grow``
+    first; ``floor`` is how far a column may shrink when even rank 0 does not fit."""
+
+    name: str
+    min: int
+    max: int
+    rank: int = 0
+    grow: int = 9
+    floor: int = 0
+
+
+GPU_COLUMNS = (
+    Column(name="GPU", min=3, max=3),
+    Column(name="HEALTH", min=9, max=9, rank=6),
+    Column(name="UUID", min=13, max=16, rank=4, grow=3),
+    Column(name="OUTCOME", min=8, max=8),
+    Column(name="REASON", min=32, max=56, grow=2, floor=12),
+    Column(name="OWNERS", min=16, max=48, grow=1, floor=8),
+    Column(name="REQ W", min=5, max=6, rank=3, grow=4),
+    Column(name="RES W", min=5, max=6, rank=5, grow=5),
+    Column(name="APPLIED", min=11, max=11, rank=1),
+    Column(name="SOURCE", min=21, max=21, rank=2),
+    Column(name="POWER", min=7, max=7, rank=3),
+)
+DRA_COLUMNS = (
+    Column(name="POOL", min=12, max=40, grow=2, floor=6),
+    Column(name="DEVICE", min=8, max=24, grow=3, floor=6),
+    Column(name="HEALTH", min=9, max=9),
+    Column(name="UPDATED", min=8, max=8, rank=1),
+    Column(name="TIMEOUT", min=7, max=7, rank=2),
+    Column(name="MESSAGE", min=20, max=80, grow=1, floor=10),
+)
+# The kubelet's HealthStatus numbers, the same in v1alpha1 and v1.
+_DRA_HEALTH = {0: "unknown", 1: "healthy", 2: "unhealthy"}
+_HEALTH_STYLE = {"healthy": GOOD, "unhealthy": FAILED, "unknown": "yellow"}
+_OUTCOME_STYLE = {"enforced": GOOD, "failed": FAILED, "idle": QUIET, "released": "cyan"}
+
+
+def plain(line: Line) -> str:
+    return "".join(text for text, _ in line).rstrip()
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, an ellipsis marking a cut."""
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def fit(columns: Sequence[Column], width: int | None) -> list[int | None]:
+    """Each column's width at ``width`` characters (None: not shown; no width: all, widest)."""
+    if width is None:
+        return [c.max for c in columns]
+    shown = {i for i, c in enumerate(columns) if c.rank == 0}
+
+    def need(which: set[int]) -> int:
+        return len(INDENT) + sum(columns[i].min for i in which) + len(GAP) * (len(which) - 1)
+
+    for i in sorted((i for i, c in enumerate(columns) if c.rank), key=lambda i: columns[i].rank):
+        if need(shown | {i}) <= width:
+            shown.add(i)
+    widths = {i: columns[i].min for i in shown}
+    spare = width - need(shown)
+    for i in sorted(shown, key=lambda i: columns[i].grow):
+        step = min(spare, columns[i].max - widths[i]) if spare > 0 else 0
+        if spare < 0 and columns[i].floor:
+            step = -min(-spare, widths[i] - columns[i].floor)
+        widths[i] += step
+        spare -= step
+    return [widths.get(i) for i in range(len(columns))]
+
+
+def table(
+    columns: Sequence[Column],
+    rows: Iterable[tuple[Sequence[str], Sequence[Style]]],
+    width: int | None,
+) -> list[Line]:
+    """A header line and one line per row, in the widths ``fit`` gives."""
+    widths = fit(columns, width)
+    header = ([c.name for c in columns], [HEADER] * len(columns))
+    lines = []
+    for cells, styles in (header, *rows):
+        line: list[Segment] = [(INDENT, "")]
+        for cell, style, size in zip(cells, styles, widths, strict=True):
+            if size is not None:
+                line += [(cut(cell, size).ljust(size), style), (GAP, "")]
+        lines.append(tuple(line[:-1]))
+    return lines
+
+
+def flow(parts: Sequence[Line], width: int | None) -> list[Line]:
+    """Parts joined by two spaces, on as many lines as ``width`` needs (indented after
+    the first); a part wider than a whole line is cut."""
+    lines: list[list[Segment]] = [[]]
+    used = 0
+    for part in parts:
+        size = sum(len(text) for text, _ in part)
+        if lines[-1] and width is not None and used + len(GAP) + size > width:
+            lines.append([(INDENT, "")])
+            used = len(INDENT)
+        elif lines[-1]:
+            lines[-1].append((GAP, ""))
+            used += len(GAP)
+        room = None if width is None else max(1, width - used)
+        for text, style in part:
+            shown = text if room is None else cut(text, room)
+            lines[-1].append((shown, style))
+            used += len(shown)
+            room = None if room is None else max(1, room - len(shown))
+    return [tuple(line) for line in lines]
+
+
+def wrapped(text: str, width: int | None, *, first: str, then: str, style: Style) -> list[Line]:
+    """``text`` broken at spaces to fit ``width``, after ``first`` and then ``then``."""
+    if width is None:
+        return [((first + text, style),)]
+    lines = textwrap.wrap(
+        text, max(len(first) + 8, width), initial_indent=first, subsequent_indent=then
+    )
+    return [((line, style),) for line in lines or [first]]
+
+
+# --- capwatch.v1 --------------------------------------------------------------------
+
+
+def render_cycle(cycle: pb.CycleReport, width: int | None = None) -> str:
+    """A heading (sequence, time, verdict, readiness), then one row per GPU."""
+    return _text([*cycle_heading(cycle, width), *gpu_table(cycle.devices, width)])
+
+
+def render_snapshot(snapshot: pb.NodeSnapshot, width: int | None = None) -> str:
+    """The node's state: a heading, then one row per GPU as of its last report."""
+    return _text([*snapshot_heading(snapshot, width), *gpu_table(snapshot.devices, width)])
+
+
+def render_heartbeat(heartbeat: pb.Heartbeat, width: int | None = None) -> str:
+    return _text(heartbeat_lines(heartbeat, width))
+
+
+def render_readiness(readiness: pb.Readiness) -> str:
+    """``ready`` or ``NOT READY: <reason> (<detail>)``, and the last good cycle's age."""
+    return plain(readiness_segments(readiness))
+
+
+def render_devices(response: DraResponse, *, version: str, width: int | None = None) -> str:
+    """A DRA device list as the kubelet receives it: one row per device."""
+    return _text(dra_lines(response, version, width))
+
+
+def cycle_heading(cycle: pb.CycleReport, width: int | None) -> list[Line]:
+    millis = cycle.duration.ToTimedelta().total_seconds() * 1000
+    parts: list[Line] = [
+        ((f"cycle {cycle.sequence}", HEADER), (f"  {_clock(cycle.finished)}", "")),
+        (_verdict(cycle), (f"  {millis:.1f} ms", "")),
+    ]
+    if cycle.abort_reason not in (pb.ABORT_REASON_UNSPECIFIED, pb.ABORT_REASON_NONE):
+        abort = _enum(pb.AbortReason, cycle.abort_reason, "ABORT_REASON_")
+        parts.append(((f"aborted: {abort}", FAILED),))
+    if cycle.interrupted:
+        parts.append((("(interrupted by shutdown)", "yellow"),))
+    parts.append(readiness_segments(cycle.readiness))
+    lines = flow(parts, width)
+    for failure in cycle.failures:
+        lines += wrapped(failure.message, width, first="  ! ", then="    ", style=FAILED)
+    return lines
+
+
+def cycle_summary(cycle: pb.CycleReport) -> Line:
+    """One line for a cycle whose verdict changed: ``cycle 4  12:00:01  NOT ENFORCED: ...``."""
+    line: Line = ((f"cycle {cycle.sequence}  {_clock(cycle.finished)}  ", ""), _verdict(cycle))
+    if cycle.failure_summary:
+        line += ((f": {cycle.failure_summary}", FAILED),)
+    return line
+
+
+def snapshot_heading(snapshot: pb.NodeSnapshot, width: int | None) -> list[Line]:
+    interval = snapshot.interval.ToTimedelta().total_seconds()
+    parts: list[Line] = [
+        ((f"snapshot{' (resync)' if snapshot.resync else ''}", HEADER),),
+        ((f"node {snapshot.node_name}", ""),),
+        ((f"agent {snapshot.agent_instance_id[:8]}", ""),),
+        ((f"cycle {snapshot.sequence}", ""),),
+        ((f"every {interval:g}s", ""),),
+        readiness_segments(snapshot.readiness),
+    ]
+    return flow(parts, width)
+
+
+def heartbeat_lines(heartbeat: pb.Heartbeat, width: int | None) -> list[Line]:
+    parts: list[Line] = [
+        (("heartbeat", HEADER), (f"  {_clock(heartbeat.time)}", "")),
+        ((f"cycle {heartbeat.last_sequence}", ""),),
+        readiness_segments(heartbeat.readiness),
+    ]
+    return flow(parts, width)
+
+
+def readiness_segments(readiness: pb.Readiness) -> Line:
+    if readiness.ready:
+        verdict: Segment = ("ready", GOOD)
+    else:
+        # Spelled as the agent, the shim and the logs spell it (cycle-failed).
+        reason = _enum(pb.ReadinessReason, readiness.reason, "READINESS_REASON_").replace("_", "-")
+        detail = f" ({readiness.detail})" if readiness.detail else ""
+        verdict = (f"NOT READY: {reason}{detail}", FAILED)
+    if readiness.HasField("last_good_cycle_age"):
+        age = readiness.last_good_cycle_age.ToTimedelta().total_seconds()
+        return (verdict, (f", last good cycle {age:.1f}s ago", ""))
+    return (verdict, (", no good cycle yet", ""))
+
+
+def gpu_table(devices: Iterable[pb.DeviceStatus], width: int | None) -> list[Line]:
+    return table(GPU_COLUMNS, [(gpu_cells(d), gpu_styles(d)) for d in devices], width)
+
+
+def gpu_cells(device: pb.DeviceStatus) -> tuple[str, ...]:
+    applied = "-"
+    if device.HasField("applied_watts"):
+        applied = f"{device.applied_watts} W"
+        if device.clamp_direction == pb.CLAMP_DIRECTION_LOWERED_TO_MAX:
+            applied += " (max)"
+        elif device.clamp_direction == pb.CLAMP_DIRECTION_RAISED_TO_MIN:
+            applied += " (min)"
+    source = _enum(pb.CapSource, device.cap_source, "CAP_SOURCE_")
+    if device.safe_default_cause != pb.SAFE_DEFAULT_CAUSE_UNSPECIFIED:
+        source += "/" + _enum(pb.SafeDefaultCause, device.safe_default_cause, "SAFE_DEFAULT_CAUSE_")
+    reason = device.reason or "-"
+    if device.error_class:
+        reason += f":{device.error_class}"
+    if device.faults:  # in REASON, shown at every width: a faulted GPU may read "ok"
+        reason += "; fault: " + ", ".join(f.summary for f in device.faults)
+    return (
+        str(device.index),
+        _enum(pb.DeviceHealth, device.health, "DEVICE_HEALTH_"),
+        _short_uuid(device.uuid),
+        _enum(pb.Outcome, device.outcome, "OUTCOME_"),
+        reason,
+        ",".join(_pod(owner) for owner in device.owners) or "-",
+        str(device.requested_watts) if device.HasField("requested_watts") else "-",
+        str(device.resolved_watts) if device.HasField("resolved_watts") else "-",
+        applied,
+        source,
+        _power(device),
+    )
+
+
+def _power(device: pb.DeviceStatus) -> str:
+    """The draw in watts, with a mark while the power cap is what holds the clocks back."""
+    telemetry = device.telemetry
+    if not telemetry.HasField("power_draw_milliwatts"):
+        return "-"
+    capped = "*" if "sw_power_cap" in telemetry.throttle_reasons else ""
+    return f"{round(telemetry.power_draw_milliwatts / 1000)} W{capped}"
+
+
+def gpu_styles(device: pb.DeviceStatus) -> tuple[Style, ...]:
+    health = _HEALTH_STYLE.get(_enum(pb.DeviceHealth, device.health, "DEVICE_HEALTH_"), "")
+    outcome = _OUTCOME_STYLE.get(_enum(pb.Outcome, device.outcome, "OUTCOME_"), "")
+    bad = device.outcome == pb.OUTCOME_FAILED or bool(device.faults)
+    return ("", health, "", outcome, FAILED if bad else "", "", "", "", "", "", "")
+
+
+# --- DRA ---------------------------------------------------------------------------
+
+
+def dra_lines(response: DraResponse, version: str, width: int | None) -> list[Line]:
+    head = flow([((f"DRA {version} device list", HEADER),), ((_count(response), ""),)], width)
+    return [*head, *table(DRA_COLUMNS, [dra_row(d) for d in response.devices], width)]
+
+
+def dra_row(device: Any) -> tuple[tuple[str, ...], tuple[Style, ...]]:
+    health = _DRA_HEALTH.get(device.health, str(device.health))
+    cells = (
+        device.device.pool_name,
+        device.device.device_name,
+        health,
+        time.strftime("%H:%M:%S", time.localtime(device.last_updated_time)),
+        f"{device.health_check_timeout_seconds}s",
+        device.message,
+    )
+    style = _HEALTH_STYLE.get(health, "")
+    return cells, ("", "", style, "", "", FAILED if style == FAILED else "")
+
+
+# --- boards: what a screen shows ---------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Frame:
+    """``block``: everything, to redraw in place; ``changes``: what is new since the last
+    frame, to print where nothing can be redrawn (empty: nothing to print); ``notes``:
+    lines of history for above a redrawn block."""
+
+    block: tuple[Line, ...]
+    changes: tuple[Line, ...] = ()
+    notes: tuple[Line, ...] = ()
+
+
+class GpuBoard:
+    """The per-GPU picture of one agent, from a snapshot and the messages after it."""
+
+    def __init__(self) -> None:
+        self._devices: dict[int, pb.DeviceStatus] = {}
+        self._heading: list[Line] = []
+        self._verdict: tuple[object, ...] | None = None
+        self._readiness: tuple[bool, int] | None = None
+        self._status: list[Line] = []
+
+    def snapshot(self, snapshot: pb.NodeSnapshot, width: int | None) -> Frame:
+        self._devices = {d.index: d for d in snapshot.devices}
+        self._heading = snapshot_heading(snapshot, width)
+        self._readiness = _readiness_key(snapshot.readiness)
+        if snapshot.HasField("last_cycle"):
+            self._verdict = _verdict_key(snapshot.last_cycle, snapshot.readiness)
+        self._status = []
+        block = self._block(width)
+        return Frame(block=block, changes=(*block, ()))
+
+    def cycle(self, cycle: pb.CycleReport, width: int | None) -> Frame:
+        changed = [
+            d
+            for d in cycle.devices
+            if d.index not in self._devices or gpu_cells(self._devices[d.index]) != gpu_cells(d)
+        ]
+        self._devices.update((d.index, d) for d in cycle.devices)
+        self._heading = cycle_heading(cycle, width)
+        self._readiness = _readiness_key(cycle.readiness)
+        verdict = _verdict_key(cycle, cycle.readiness)
+        moved, self._verdict = verdict != self._verdict, verdict
+        self._status = []
+        changes: list[Line] = []
+        if changed or moved:
+            changes = [*self._heading, *(gpu_table(changed, width) if changed else ()), ()]
+        notes = (cycle_summary(cycle),) if moved else ()
+        return Frame(block=self._block(width), changes=tuple(changes), notes=notes)
+
+    def heartbeat(self, heartbeat: pb.Heartbeat, width: int | None) -> Frame:
+        key = _readiness_key(heartbeat.readiness)
+        moved, self._readiness = key != self._readiness, key
+        self._status = heartbeat_lines(heartbeat, width)
+        return Frame(block=self._block(width), changes=tuple(self._status) if moved else ())
+
+    def _block(self, width: int | None) -> tuple[Line, ...]:
+        devices = [self._devices[i] for i in sorted(self._devices)]
+        return (*self._heading, *gpu_table(devices, width), *self._status)
+
+
+class DeviceBoard:
+    """The kubelet's device list: each full list received, and which devices changed."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], tuple[str, ...]] = {}
+
+    def devices(self, response: DraResponse, version: str, width: int | None) -> Frame:
+        rows = {(d.device.pool_name, d.device.device_name): dra_row(d) for d in response.devices}
+        # UPDATED moves with every re-send; the rest is what a change is.
+        now = {key: cells[:3] + cells[4:] for key, (cells, _) in rows.items()}
+        changed = [rows[key] for key, cells in now.items() if self._seen.get(key) != cells]
+        first, self._seen = not self._seen, now
+        block = tuple(dra_lines(response, version, width))
+        if first:
+            return Frame(block=block, changes=(*block, ()))
+        if not changed:
+            return Frame(block=block)
+        return Frame(block=block, changes=(*block[:1], *table(DRA_COLUMNS, changed, width), ()))
+
+
+def _verdict_key(cycle: pb.CycleReport, readiness: pb.Readiness) -> tuple[object, ...]:
+    failures = tuple(f.kind for f in cycle.failures)
+    return (cycle.enforced, cycle.abort_reason, failures, _readiness_key(readiness))
+
+
+def _readiness_key(readiness: pb.Readiness) -> tuple[bool, int]:
+    return readiness.ready, readiness.reason
+
+
+def _verdict(cycle: pb.CycleReport) -> Segment:
+    return ("ENFORCED", GOOD) if cycle.enforced else ("NOT ENFORCED", FAILED)
+
+
+def _count(response: DraResponse) -> str:
+    return f"{len(response.devices)} devices"
+
+
+def _text(lines: Iterable[Line]) -> str:
+    return "\n".join(plain(line) for line in lines)
+
+
+def _enum(kind: Any, value: int, prefix: str) -> str:
+    """``OUTCOME_ENFORCED`` -> ``enforced``; unset -> ``-``; unknown (newer agent) -> number."""
+    try:
+        name: str = kind.Name(value)
+    except ValueError:
+        return str(value)
+    return "-" if name.endswith("_UNSPECIFIED") else name.removeprefix(prefix).lower()
+
+
+def _pod(ref: pb.PodRef) -> str:
+    return f"{ref.namespace}/{ref.name}" if ref.name else f"uid:{ref.uid[:8]}"
+
+
+def _short_uuid(uuid: str) -> str:
+    if not uuid:
+        return "?"
+    # UUIDs share long prefixes; the tail is what tells GPUs apart.
+    return uuid if len(uuid) <= 16 else uuid[:4] + "…" + uuid[-8:]
+
+
+def _clock(stamp: Timestamp) -> str:
+    if stamp.seconds == 0 and stamp.nanos == 0:
+        return "--:--:--"
+    return time.strftime("%H:%M:%S", time.localtime(stamp.seconds))

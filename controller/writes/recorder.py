@@ -1,0 +1,118 @@
+"""Events on the Node for each change of its ``GPUPowerCapEnforced`` condition.
+
+One Event per change of status or reason: ``Warning`` when the condition goes
+False or Unknown, ``Normal`` when it comes back to True; its reason is the
+condition's (``CapWriteFailed``, ``CapsEnforced``...), so ``kubectl get
+events --field-selector involvedObject.name=NODE`` reads as the node's
+history. Deduplicated: the same type and reason for the same node again
+within :data:`DEDUPE_WINDOW_S` is not posted twice (a node flapping between
+two states writes its condition each time, but its Events say it once). A
+node first seen True (a fresh start, a new leader reading the Node) gets no
+Event: nothing changed.
+
+Events are best effort: a refused or failed post is logged and counted, not
+retried; the condition is the record. Only the leader posts, under the same
+fence as its condition writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
+
+from controller.conditions import Condition, ConditionStatus
+from controller.errors import ApiError
+from kit.clock import Clock
+
+if TYPE_CHECKING:
+    from controller.writes.writer import Fence, NodeCondition
+
+log = logging.getLogger(__name__)
+
+DEDUPE_WINDOW_S = 600.0
+REQUEST_TIMEOUT_S = 10.0
+
+
+class EventType(str, Enum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeEvent:
+    node: str
+    type: EventType
+    reason: str
+    message: str
+    wall: float
+
+
+class EventApi(Protocol):
+    async def create_event(self, event: NodeEvent, *, deadline_s: float) -> None:
+        """Post ``event`` on its Node, giving up after ``deadline_s``. Raises ApiError."""
+
+
+class EventObserver(Protocol):
+    def event(self, *, result: str) -> None: ...
+
+
+class _NoObserver:
+    def event(self, *, result: str) -> None:
+        pass
+
+
+class EventRecorder:
+    def __init__(
+        self,
+        *,
+        api: EventApi,
+        fence: Fence,
+        clock: Clock,
+        observer: EventObserver | None = None,
+        dedupe_window_s: float = DEDUPE_WINDOW_S,
+    ) -> None:
+        self._api = api
+        self._fence = fence
+        self._clock = clock
+        self._observer: EventObserver = observer or _NoObserver()
+        self._window_s = dedupe_window_s
+        # node -> (type, reason) -> when it was last posted
+        self._last: dict[str, dict[tuple[EventType, str], float]] = {}
+
+    async def transition(
+        self, node: str, condition: Condition, *, previous: NodeCondition | None
+    ) -> None:
+        """The condition just written for ``node`` differs from ``previous`` (None: unknown)."""
+        if previous is None and condition.status is ConditionStatus.TRUE:
+            return
+        kind = EventType.NORMAL if condition.status is ConditionStatus.TRUE else EventType.WARNING
+        now = self._clock.monotonic()
+        said = (kind, condition.reason.value)
+        last = self._last.get(node, {}).get(said)
+        if last is not None and now - last < self._window_s:
+            self._observer.event(result="deduplicated")
+            return
+        budget = self._fence.write_budget()
+        if budget <= 0:
+            self._observer.event(result="fenced")
+            return
+        event = NodeEvent(
+            node=node,
+            type=kind,
+            reason=condition.reason.value,
+            message=condition.message,
+            wall=self._clock.wall(),
+        )
+        try:
+            await self._api.create_event(event, deadline_s=min(REQUEST_TIMEOUT_S, budget))
+        except ApiError as exc:
+            log.warning("event on node=%s not posted: %s", node, exc)
+            self._observer.event(result="failed")
+            return
+        self._last.setdefault(node, {})[said] = now
+        self._observer.event(result="posted")
+
+    def forget(self, node: str) -> None:
+        self._last.pop(node, None)

@@ -1,0 +1,210 @@
+"""A work queue in client-go's shape, for asyncio: each key queued once, processed alone.
+
+The rules (client-go's ``util/workqueue``):
+
+- **dirty**: a key added while it is queued is not queued twice; it is handed
+  out once, and whoever takes it reads the latest state then;
+- **processing**: a key handed out by :meth:`WorkQueue.get` is not handed out
+  again until :meth:`WorkQueue.done`; added meanwhile, it is queued again at
+  ``done``, so one key is never worked on beside itself;
+- **add after**: :meth:`WorkQueue.add_after` queues a key once a delay has
+  passed (the earliest of several such requests wins);
+- **rate limiting**: :meth:`WorkQueue.add_rate_limited` waits the key's own
+  backoff (:class:`ItemBackoff`: exponential, full jitter, a ceiling), which
+  :meth:`WorkQueue.forget` resets after a success;
+- **shut down**: :meth:`WorkQueue.shut_down_with_drain` takes no new key and
+  waits until every key handed out is done.
+
+Two things differ from client-go, both for the condition writer. Keys carry
+a priority (lower first, then in the order added): a change of a Node's
+condition goes ahead of every heartbeat waiting. And a shut-down drops what
+is still queued rather than handing it out: a write not begun must not begin
+once the writer stops, since the Lease is released after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import heapq
+import itertools
+import random
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+from kit.backoff import Backoff
+
+K = TypeVar("K", bound=Hashable)
+
+
+class ItemBackoff(Generic[K]):
+    """Per-key exponential backoff: the n-th failure in a row of a key waits
+    ``Backoff.delay(n)`` (full jitter under a ceiling that cannot overflow)."""
+
+    def __init__(self, backoff: Backoff, *, rng: random.Random | None = None) -> None:
+        self._backoff = backoff
+        self._rng = rng or random.Random()
+        self._failures: dict[K, int] = {}
+
+    def when(self, key: K) -> float:
+        """The delay before ``key``'s next try, counting this failure."""
+        attempt = self._failures.get(key, 0)
+        self._failures[key] = attempt + 1
+        return self._backoff.delay(attempt, self._rng)
+
+    def failures(self, key: K) -> int:
+        return self._failures.get(key, 0)
+
+    def forget(self, key: K) -> None:
+        """``key`` succeeded: its next failure starts from the first delay again."""
+        self._failures.pop(key, None)
+
+
+class WorkQueue(Generic[K]):
+    """The queue of keys (the module docstring); runs on one event loop."""
+
+    def __init__(self, *, rate_limiter: ItemBackoff[K]) -> None:
+        self._limiter = rate_limiter
+        self._heap: list[tuple[int, int, K]] = []
+        self._dirty: dict[K, int] = {}  # key -> the priority it is (or will be) queued at
+        self._processing: set[K] = set()
+        self._waiting: dict[K, tuple[float, asyncio.TimerHandle]] = {}  # add_after timers
+        self._order = itertools.count()
+        self._getters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._shutting_down = False
+
+    def __len__(self) -> int:
+        """Keys queued and not yet handed out (not those processing or waiting)."""
+        return sum(1 for key in self._dirty if key not in self._processing)
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+    def processing(self, key: K) -> bool:
+        return key in self._processing
+
+    def waiting(self, key: K) -> bool:
+        """Whether ``key`` is due later (:meth:`add_after`, :meth:`add_rate_limited`)."""
+        return key in self._waiting
+
+    def add(self, key: K, *, priority: int = 0) -> None:
+        """Queue ``key`` (lower ``priority`` first). Queued already at a priority as high
+        or higher: nothing changes. Processing: queued again when it is done."""
+        if self._shutting_down:
+            return
+        queued = self._dirty.get(key)
+        if queued is not None and queued <= priority:
+            return
+        self._dirty[key] = priority
+        if key in self._processing:
+            return  # done() queues it
+        # An entry at a lower priority stays in the heap; get() skips it.
+        heapq.heappush(self._heap, (priority, next(self._order), key))
+        self._wake(1)
+
+    def add_after(self, key: K, delay_s: float, *, priority: int = 0) -> None:
+        """Queue ``key`` once ``delay_s`` has passed; an earlier request stands."""
+        if self._shutting_down:
+            return
+        if delay_s <= 0:
+            self.add(key, priority=priority)
+            return
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay_s
+        current = self._waiting.get(key)
+        if current is not None:
+            if current[0] <= due:
+                return
+            current[1].cancel()
+        handle = loop.call_later(delay_s, self._due, key, priority)
+        self._waiting[key] = (due, handle)
+
+    def add_rate_limited(self, key: K, *, floor_s: float = 0.0, priority: int = 0) -> float:
+        """Queue ``key`` after its backoff (at least ``floor_s``: a Retry-After); the delay."""
+        delay = max(floor_s, self._limiter.when(key))
+        self.add_after(key, delay, priority=priority)
+        return delay
+
+    def forget(self, key: K) -> None:
+        """Reset ``key``'s backoff (it succeeded) and drop a retry it has waiting."""
+        self._limiter.forget(key)
+        self.cancel_wait(key)
+
+    def cancel_wait(self, key: K) -> None:
+        waiting = self._waiting.pop(key, None)
+        if waiting is not None:
+            waiting[1].cancel()
+
+    def failures(self, key: K) -> int:
+        return self._limiter.failures(key)
+
+    async def get(self) -> K | None:
+        """The next key, now processing; None once the queue is shutting down."""
+        while True:
+            if self._shutting_down:
+                return None
+            key = self._pop()
+            if key is not None:
+                self._processing.add(key)
+                self._idle.clear()
+                return key
+            waiter = asyncio.get_running_loop().create_future()
+            self._getters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake(1)  # woken, then cancelled: the key is someone else's
+                raise
+            finally:
+                if waiter in self._getters:
+                    self._getters.remove(waiter)
+
+    def done(self, key: K) -> None:
+        """Processing ``key`` has ended; if it was added meanwhile, it is queued again."""
+        self._processing.discard(key)
+        if self._shutting_down:
+            self._dirty.pop(key, None)
+        elif key in self._dirty:
+            heapq.heappush(self._heap, (self._dirty[key], next(self._order), key))
+            self._wake(1)
+        if not self._processing:
+            self._idle.set()
+
+    def shut_down(self) -> None:
+        """Take no new key, drop those queued and waiting; :meth:`get` returns None."""
+        self._shutting_down = True
+        for _, handle in self._waiting.values():
+            handle.cancel()
+        self._waiting.clear()
+        self._heap.clear()
+        self._dirty = {key: p for key, p in self._dirty.items() if key in self._processing}
+        self._wake(len(self._getters))
+
+    async def shut_down_with_drain(self) -> None:
+        """:meth:`shut_down`, then wait until every key handed out is done."""
+        self.shut_down()
+        await self._idle.wait()
+
+    def _pop(self) -> K | None:
+        while self._heap:
+            priority, _, key = heapq.heappop(self._heap)
+            if self._dirty.get(key) != priority or key in self._processing:
+                continue  # overtaken by the same key at a higher priority, or stale
+            del self._dirty[key]
+            return key
+        return None
+
+    def _due(self, key: K, priority: int) -> None:
+        self._waiting.pop(key, None)
+        self.add(key, priority=priority)
+
+    def _wake(self, count: int) -> None:
+        while count > 0 and self._getters:
+            waiter = self._getters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                count -= 1

@@ -1,0 +1,337 @@
+"""Writing ``GPUPowerCapEnforced`` to Nodes: only on change, heartbeat, fenced by the lease.
+
+What is written where:
+
+- a strategic-merge PATCH of ``nodes/<name>/status`` (conditions merge by
+  ``type``, so other conditions are untouched) when the condition's status or
+  reason differs from what the Node carries, and as a heartbeat every
+  ``heartbeat_s`` (``lastHeartbeatTime``); a message-only change waits for the
+  next of those, so a node's failing GPUs are not rewritten every cycle.
+  ``lastTransitionTime`` moves only with the status. At 5,000 nodes and a 5
+  minute heartbeat that is about 17 writes a second plus transitions;
+- an Event on the Node for each change of status or reason (Warning for False
+  and Unknown, Normal back to True), recorded by :mod:`controller.writes.recorder`.
+
+What the Node carries comes from the node watch (so a new leader starts from
+the API's truth, not from nothing) and from this writer's own successful
+writes. Writes go through a queue keyed by node (a node queued twice is
+written once, with its latest state; one changed while its write is in
+flight is written again after it, never beside it) served by a few workers;
+a change goes ahead of every heartbeat waiting (a round of thousands of
+heartbeats must not delay the news of a failure); a failed write is retried
+with exponential backoff (and the server's Retry-After), a node that no
+longer exists is dropped.
+
+Fencing: no write starts unless the :class:`Fence` says this replica leads
+and renewed its lease within the renew deadline, and its request may take no
+longer than what is left of that deadline. While it may not write, nodes
+that need writing are held, and queued again when it may.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from controller.conditions import AgentLink, Condition, ConditionStatus
+from controller.errors import ApiError, NotFound
+from controller.tracking import NodeState
+from controller.writes.recorder import EventRecorder
+from kit.clock import Clock
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HEARTBEAT_S = 300.0
+_CHANGE, _HEARTBEAT = 0, 1  # queue priorities
+DEFAULT_WORKERS = 8
+REQUEST_TIMEOUT_S = 10.0
+RETRY_INITIAL_S = 0.5
+RETRY_MAX_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeCondition:
+    """``GPUPowerCapEnforced`` as a Node carries it (times are wall-clock seconds)."""
+
+    status: ConditionStatus
+    reason: str
+    message: str
+    last_transition_wall: float
+    last_heartbeat_wall: float
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.status.value, self.reason)
+
+
+class ConditionApi(Protocol):
+    async def patch_condition(
+        self, node: str, condition: NodeCondition, *, deadline_s: float
+    ) -> None:
+        """Merge ``condition`` into the Node's status, giving up after ``deadline_s``.
+        Raises NotFound, ApiError."""
+
+
+class Fence(Protocol):
+    def write_budget(self) -> float:
+        """Seconds a write may take from now (0: this replica must not write)."""
+
+
+class WriteObserver(Protocol):
+    """What the metrics count."""
+
+    def written(self, *, result: str, latency_s: float | None) -> None: ...
+
+
+class _NoObserver:
+    def written(self, *, result: str, latency_s: float | None) -> None:
+        pass
+
+
+class ConditionWriter:
+    def __init__(
+        self,
+        *,
+        api: ConditionApi,
+        events: EventRecorder,
+        fence: Fence,
+        clock: Clock,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        workers: int = DEFAULT_WORKERS,
+        observer: WriteObserver | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._api = api
+        self._events = events
+        self._fence = fence
+        self._clock = clock
+        self._heartbeat_s = heartbeat_s
+        self._workers = workers
+        self._observer: WriteObserver = observer or _NoObserver()
+        self._rng = rng or random.Random()
+        self._desired: dict[str, NodeState] = {}
+        self._written: dict[str, NodeCondition] = {}
+        # (priority, order, node): changes (0) before heartbeats (1), each in order.
+        self._queue: asyncio.PriorityQueue[tuple[int, int, str]] = asyncio.PriorityQueue()
+        self._queued: dict[str, int] = {}  # node -> the priority it is queued at
+        self._order = itertools.count()
+        # A node being written is not written beside itself: a change meanwhile queues it
+        # again when its write ends.
+        self._writing: set[str] = set()
+        self._again: set[str] = set()
+        self._held: set[str] = set()
+        self._attempts: dict[str, int] = {}
+        self._retries: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._busy: set[asyncio.Task[Any]] = set()  # workers in the middle of a write
+        self._stopping = False
+        self.writes_in_flight = 0
+
+    # --- inputs --------------------------------------------------------------------------
+
+    def node_changed(self, state: NodeState) -> None:
+        if state.observation.link is AgentLink.CONNECTING:
+            # The controller's own ignorance, not news (controller.tracking): nothing
+            # to write, and what was known before is no longer worth a heartbeat.
+            self._desired.pop(state.node, None)
+            return
+        pending = self._desired.get(state.node)
+        if (
+            pending is not None
+            and pending.cycle_end_at is not None
+            and _key(pending.condition) == _key(state.condition)
+            and self._needs_write(state.node)
+        ):
+            # Not written yet: its detection latency runs from the cycle that changed it.
+            state = replace(state, cycle_end_at=pending.cycle_end_at)
+        self._desired[state.node] = state
+        if self._needs_write(state.node):
+            self._enqueue(state.node)
+
+    def node_removed(self, node: str) -> None:
+        self._desired.pop(node, None)
+        self._cancel_retry(node)
+
+    def observed(self, node: str, condition: NodeCondition | None) -> None:
+        """What the API says the Node carries now (the node watch)."""
+        if condition is None:
+            self._written.pop(node, None)
+        else:
+            self._written[node] = condition
+        if node in self._desired and self._needs_write(node):
+            self._enqueue(node)
+
+    def written(self, node: str) -> NodeCondition | None:
+        return self._written.get(node)
+
+    def resume(self) -> None:
+        """This replica may write again (it leads): queue what was held."""
+        held, self._held = self._held, set()
+        for node in held:
+            self._enqueue(node)
+        for node in self._desired:
+            if self._needs_write(node):
+                self._enqueue(node)
+
+    # --- running -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._work(), name=f"capwatch-condition-writer-{i}")
+            for i in range(self._workers)
+        ]
+        self._tasks.append(asyncio.create_task(self._heartbeats(), name="capwatch-heartbeats"))
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return list(self._tasks)
+
+    async def stop(self) -> None:
+        """Start no new write; wait for those in flight (each bounded by its timeout)."""
+        self._stopping = True
+        for handle in self._retries.values():
+            handle.cancel()
+        self._retries.clear()
+        # A write in flight is not cancelled: its request would go on without us (on
+        # the API client's thread), past the release of the Lease. Its worker ends after it.
+        for task in self._tasks:
+            if task not in self._busy:
+                task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    def _needs_write(self, node: str) -> bool:
+        state = self._desired.get(node)
+        if state is None:
+            return False
+        written = self._written.get(node)
+        return written is None or written.key != _key(state.condition)
+
+    def _heartbeat_due(self, node: str, now_wall: float) -> bool:
+        written = self._written.get(node)
+        return written is not None and now_wall - written.last_heartbeat_wall >= self._heartbeat_s
+
+    def _enqueue(self, node: str, *, heartbeat: bool = False) -> None:
+        priority = _HEARTBEAT if heartbeat else _CHANGE
+        queued = self._queued.get(node)
+        if self._stopping or node in self._retries or (queued is not None and queued <= priority):
+            return
+        if node in self._writing:
+            self._again.add(node)
+            return
+        # A heartbeat already queued is overtaken; its entry is skipped when reached.
+        self._queued[node] = priority
+        self._queue.put_nowait((priority, next(self._order), node))
+
+    async def _heartbeats(self) -> None:
+        # Each node's heartbeat is due on its own schedule (when it was last
+        # written), so they spread out over the heartbeat period by themselves.
+        period = min(10.0, self._heartbeat_s / 10)
+        while True:
+            await asyncio.sleep(period)
+            now_wall = self._clock.wall()
+            for node in list(self._desired):
+                if self._heartbeat_due(node, now_wall):
+                    self._enqueue(node, heartbeat=True)
+
+    async def _work(self) -> None:
+        worker = asyncio.current_task()
+        assert worker is not None
+        while not self._stopping:
+            priority, _, node = await self._queue.get()
+            if self._queued.get(node) != priority:
+                continue  # overtaken by a change queued after it
+            del self._queued[node]
+            self._writing.add(node)
+            self._busy.add(worker)
+            try:
+                await self._write(node)
+            except Exception:  # one node's surprise must not stop the worker
+                log.exception("writing the condition of node=%s failed unexpectedly", node)
+                self._retry_later(node, None)
+            finally:
+                self._busy.discard(worker)
+                self._writing.discard(node)
+                if node in self._again:
+                    self._again.discard(node)
+                    self._enqueue(node)
+
+    async def _write(self, node: str) -> None:
+        state = self._desired.get(node)
+        if state is None:
+            return
+        now_wall = self._clock.wall()
+        changed = self._needs_write(node)
+        if not changed and not self._heartbeat_due(node, now_wall):
+            return  # written meanwhile (by an earlier queue entry, or seen on the watch)
+        budget = self._fence.write_budget()
+        if budget <= 0:
+            self._held.add(node)
+            self._observer.written(result="fenced", latency_s=None)
+            return
+        previous = self._written.get(node)
+        condition = state.condition
+        payload = NodeCondition(
+            status=condition.status,
+            reason=condition.reason.value,
+            message=condition.message,
+            last_transition_wall=now_wall
+            if previous is None or previous.status is not condition.status
+            else previous.last_transition_wall,
+            last_heartbeat_wall=now_wall,
+        )
+        self.writes_in_flight += 1
+        try:
+            await self._api.patch_condition(
+                node, payload, deadline_s=min(REQUEST_TIMEOUT_S, budget)
+            )
+        except NotFound:
+            log.info("node=%s is gone; not writing its condition", node)
+            self._observer.written(result="not_found", latency_s=None)
+            self._desired.pop(node, None)
+            return
+        except ApiError as exc:
+            log.warning("condition write failed node=%s status=%s error=%s", node, exc.status, exc)
+            self._observer.written(result="failed", latency_s=None)
+            self._retry_later(node, exc.retry_after)
+            return
+        finally:
+            self.writes_in_flight -= 1
+        self._attempts.pop(node, None)
+        self._written[node] = payload
+        latency = None
+        if changed and state.cycle_end_at is not None:
+            latency = max(0.0, self._clock.monotonic() - state.cycle_end_at)
+        self._observer.written(result="ok", latency_s=latency)
+        if changed:
+            await self._events.transition(node, condition, previous=previous)
+        # The state may have moved on while the write was in flight.
+        if self._needs_write(node):
+            self._enqueue(node)
+
+    def _retry_later(self, node: str, retry_after: float | None) -> None:
+        if self._stopping:
+            return
+        attempt = self._attempts.get(node, 0)
+        self._attempts[node] = attempt + 1
+        ceiling = min(RETRY_MAX_S, RETRY_INITIAL_S * 2**attempt)
+        delay = max(retry_after or 0.0, self._rng.uniform(ceiling / 2, ceiling))
+        self._cancel_retry(node)
+        self._retries[node] = asyncio.get_running_loop().call_later(delay, self._retry_now, node)
+
+    def _retry_now(self, node: str) -> None:
+        self._retries.pop(node, None)
+        self._enqueue(node)
+
+    def _cancel_retry(self, node: str) -> None:
+        handle = self._retries.pop(node, None)
+        if handle is not None:
+            handle.cancel()
+
+
+def _key(condition: Condition) -> tuple[str, str]:
+    return (condition.status.value, condition.reason.value)
