@@ -124,6 +124,11 @@ class GpuBackend(Protocol):
         """XID and double-bit ECC events since the last drain, aggregated. Never raises."""
         ...
 
+    def events_dropped_total(self) -> int:
+        """Device events dropped since start: more distinct GPU/kind/code keys arrived
+        between two drains than are kept. Never raises."""
+        ...
+
     def close(self) -> None:
         """Release the library (nvmlShutdown), stopping any event thread first. Idempotent."""
         ...

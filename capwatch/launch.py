@@ -15,7 +15,7 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from agent.assembly import build_agent
-from agent.lifecycle import ShutdownSummary
+from agent.lifecycle import Agent, ShutdownSummary
 from agent.reports import CycleReport
 from agent.settings import AgentSettings
 from server.grpc.publication import Publication
@@ -43,7 +43,36 @@ async def run_agent(
     Raises CapwatchError at start-up."""
     agent = build_agent(settings, on_report=on_report)
     stop = stop or asyncio.Event()
-    publication = Publication(
+    publication = _publication(agent, server_settings)
+    server = AgentServer(settings=server_settings, publication=publication, on_fatal=stop.set)
+    metrics = _metrics(agent, server, publication, server_settings, on_fatal=stop.set)
+    await _serve(agent, server, metrics, on_serving)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    task = agent.start(stop, max_cycles=max_cycles)
+    try:
+        await stop.wait()
+        log.info("stopping: readiness off, streams ended, then default caps restored")
+        try:
+            await server.stop()
+        finally:
+            # Whatever the server's stop did, the caps this agent set are restored.
+            summary = await agent.stop()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if metrics is not None:
+            await metrics.stop()
+    died = task.done() and not task.cancelled() and task.exception() is not None
+    log.info("stopped clean=%s restored=%d", str(summary.clean).lower(), len(summary.restored))
+    if on_stopped is not None:
+        on_stopped(summary)
+    return EXIT_FAILED if died else EXIT_OK
+
+
+def _publication(agent: Agent, server_settings: ServerSettings) -> Publication:
+    return Publication(
         hub=agent.hub,
         clock=agent.hub.clock,
         node_name=agent.node_name,
@@ -54,20 +83,40 @@ async def run_agent(
         reserved_local=server_settings.reserved_local_subscribers,
         max_per_peer=server_settings.max_streams_per_peer,
     )
-    server = AgentServer(settings=server_settings, publication=publication, on_fatal=stop.set)
-    metrics = None
-    if server_settings.metrics_port is not None:
-        metrics = MetricsServer(
-            metrics=Metrics(
-                publication=publication,
-                certificate_reloads=server.certificate_reloads,
-                malformed_requests=server.malformed_requests,
-                pod_events=lambda: None if agent.pod_events is None else agent.pod_events.counts(),
-            ),
-            address=server_settings.metrics_address,
-            port=server_settings.metrics_port,
-            on_fatal=stop.set,
-        )
+
+
+def _metrics(
+    agent: Agent,
+    server: AgentServer,
+    publication: Publication,
+    server_settings: ServerSettings,
+    *,
+    on_fatal: Callable[[], None],
+) -> MetricsServer | None:
+    if server_settings.metrics_port is None:
+        return None
+    return MetricsServer(
+        metrics=Metrics(
+            publication=publication,
+            certificate_reloads=server.certificate_reloads,
+            malformed_requests=server.malformed_requests,
+            events_dropped=agent.backend.events_dropped_total,
+            pod_events=lambda: None if agent.pod_events is None else agent.pod_events.counts(),
+        ),
+        address=server_settings.metrics_address,
+        port=server_settings.metrics_port,
+        on_fatal=on_fatal,
+    )
+
+
+async def _serve(
+    agent: Agent,
+    server: AgentServer,
+    metrics: MetricsServer | None,
+    on_serving: Callable[[AgentServer], Awaitable[None]] | None,
+) -> None:
+    """Bind gRPC, then metrics, then let ``on_serving`` run before the first cycle; a
+    failure undoes what was started, closes the agent (no cap touched yet) and raises."""
     try:
         await server.start()
         try:
@@ -81,29 +130,10 @@ async def run_agent(
         raise
     if on_serving is not None:
         try:
-            await on_serving(server)  # before the first cycle
+            await on_serving(server)
         except BaseException:
             await server.stop()
             if metrics is not None:
                 await metrics.stop()
             agent.close()
             raise
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    task = agent.start(stop, max_cycles=max_cycles)
-    try:
-        await stop.wait()
-        log.info("stopping: readiness off, streams ended, then default caps restored")
-        await server.stop()
-        summary = await agent.stop()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        if metrics is not None:
-            await metrics.stop()
-    died = task.done() and not task.cancelled() and task.exception() is not None
-    log.info("stopped clean=%s restored=%d", str(summary.clean).lower(), len(summary.restored))
-    if on_stopped is not None:
-        on_stopped(summary)
-    return EXIT_FAILED if died else EXIT_OK

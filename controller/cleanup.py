@@ -19,7 +19,8 @@ from typing import TextIO
 
 from controller.conditions import CONDITION_TYPE
 from controller.errors import ApiError, NotFound
-from controller.kube import KubeApi, api_client, node_condition
+from controller.kube import KubeApi, api_client
+from controller.objects import node_condition
 from controller.settings import ControllerSettings
 from kit.errors import ConfigError
 

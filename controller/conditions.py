@@ -30,7 +30,6 @@ is ``CycleStale``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -224,8 +223,16 @@ def _unknown(reason: ConditionReason, message: str) -> Condition:
     return Condition(status=ConditionStatus.UNKNOWN, reason=reason, message=bounded(message))
 
 
-def count_by_status(conditions: Iterable[Condition]) -> dict[ConditionStatus, int]:
-    counts = dict.fromkeys(ConditionStatus, 0)
-    for condition in conditions:
-        counts[condition.status] += 1
-    return counts
+@dataclass(frozen=True, kw_only=True)
+class NodeCondition:
+    """``GPUPowerCapEnforced`` as a Node carries it (times are wall-clock seconds)."""
+
+    status: ConditionStatus
+    reason: str
+    message: str
+    last_transition_wall: float
+    last_heartbeat_wall: float
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.status.value, self.reason)

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 from agent.kube.informer import Informer, ListWatchRequests, WatchPolicy
 from agent.kube.wire import as_mapping
-from controller.kube import node_condition
-from controller.writes.writer import NodeCondition
+from controller.conditions import NodeCondition
+from controller.objects import node_condition
 from kit.addresses import host_port
 from kit.clock import Clock
 from kit.errors import ConfigError

@@ -16,9 +16,9 @@ import json
 import sys
 from typing import TextIO
 
-from controller.conditions import CONDITION_TYPE
+from controller.conditions import CONDITION_TYPE, NodeCondition
 from controller.writes.recorder import NodeEvent
-from controller.writes.writer import REQUEST_TIMEOUT_S, NodeCondition
+from controller.writes.writer import REQUEST_TIMEOUT_S
 
 
 class PrintingApi:

@@ -27,7 +27,6 @@ import os
 import secrets
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes.client
@@ -35,12 +34,12 @@ import kubernetes.config
 import urllib3
 import urllib3.exceptions
 
-from agent.kube.wire import ApiStatusError
-from controller.conditions import CONDITION_TYPE, ConditionStatus
+from agent.kube.wire import ApiStatusError, retry_after_seconds
+from controller.conditions import CONDITION_TYPE, NodeCondition
 from controller.errors import ApiError, Conflict, NotFound
 from controller.leasing import LeaseRecord
+from controller.objects import condition_patch, lease_body, lease_record, rfc3339
 from controller.writes.recorder import NodeEvent
-from controller.writes.writer import NodeCondition
 from kit.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -82,19 +81,6 @@ def api_client(kubeconfig: str | None, *, identity: str) -> kubernetes.client.Ap
     return client
 
 
-def rfc3339(wall: float) -> str:
-    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 class KubeApi:
     """Node status, Events and Leases, asynchronously (blocking calls on a thread pool)."""
 
@@ -119,20 +105,7 @@ class KubeApi:
     async def patch_condition(
         self, node: str, condition: NodeCondition, *, deadline_s: float
     ) -> None:
-        body = {
-            "status": {
-                "conditions": [
-                    {
-                        "type": CONDITION_TYPE,
-                        "status": condition.status.value,
-                        "reason": condition.reason,
-                        "message": condition.message,
-                        "lastTransitionTime": rfc3339(condition.last_transition_wall),
-                        "lastHeartbeatTime": rfc3339(condition.last_heartbeat_wall),
-                    }
-                ]
-            }
-        }
+        body = condition_patch(condition)
         await self._call(
             "PATCH",
             f"/api/v1/nodes/{node}/status",
@@ -207,23 +180,25 @@ class KubeApi:
 
     async def get_lease(self, name: str, *, deadline_s: float) -> LeaseRecord | None:
         try:
-            return _lease(await self._call("GET", self._lease_path(name), deadline_s=deadline_s))
+            return lease_record(
+                await self._call("GET", self._lease_path(name), deadline_s=deadline_s)
+            )
         except NotFound:
             return None
 
     async def create_lease(
         self, name: str, record: LeaseRecord, *, deadline_s: float
     ) -> LeaseRecord:
-        body = _lease_body(name, self._namespace, record)
-        return _lease(
+        body = lease_body(name, self._namespace, record)
+        return lease_record(
             await self._call("POST", self._lease_path(), body=body, deadline_s=deadline_s)
         )
 
     async def update_lease(
         self, name: str, record: LeaseRecord, *, deadline_s: float
     ) -> LeaseRecord:
-        body = _lease_body(name, self._namespace, record)
-        return _lease(
+        body = lease_body(name, self._namespace, record)
+        return lease_record(
             await self._call("PUT", self._lease_path(name), body=body, deadline_s=deadline_s)
         )
 
@@ -296,7 +271,7 @@ class KubeApi:
             raise NotFound(message, status=status)
         if status == 409:
             raise Conflict(message, status=status)
-        raise ApiError(message, status=status, retry_after=_retry_after(response.headers))
+        raise ApiError(message, status=status, retry_after=retry_after_seconds(response.headers))
 
 
 class CollectionRequests:
@@ -350,7 +325,7 @@ class CollectionRequests:
             raise ApiStatusError(
                 status=int(err.status or 0),
                 reason=str(err.reason or ""),
-                retry_after=_retry_after(err.headers),
+                retry_after=retry_after_seconds(err.headers),
             ) from err
         raw: urllib3.HTTPResponse = response.response
         if not 200 <= raw.status < 300:
@@ -359,7 +334,7 @@ class CollectionRequests:
             finally:
                 raw.release_conn()
             raise ApiStatusError(
-                status=raw.status, reason=reason, retry_after=_retry_after(raw.headers)
+                status=raw.status, reason=reason, retry_after=retry_after_seconds(raw.headers)
             )
         return raw
 
@@ -371,64 +346,3 @@ def _status_message(data: bytes | None) -> str:
     except ValueError:
         return (data or b"")[:120].decode("utf-8", errors="replace")
     return str(decoded.get("message", "")) if isinstance(decoded, dict) else ""
-
-
-def _retry_after(headers: Mapping[str, str] | None) -> float | None:
-    value = (headers or {}).get("Retry-After")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _lease(obj: Mapping[str, Any]) -> LeaseRecord:
-    spec = obj.get("spec") or {}
-    metadata = obj.get("metadata") or {}
-    duration = spec.get("leaseDurationSeconds")
-    transitions = spec.get("leaseTransitions")
-    return LeaseRecord(
-        holder=str(spec.get("holderIdentity") or ""),
-        lease_duration_s=duration if isinstance(duration, int) and duration > 0 else 1,
-        acquire_time=spec.get("acquireTime") or None,
-        renew_time=spec.get("renewTime") or None,
-        transitions=transitions if isinstance(transitions, int) else 0,
-        resource_version=str(metadata.get("resourceVersion") or ""),
-    )
-
-
-def _lease_body(name: str, namespace: str, record: LeaseRecord) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if record.resource_version:
-        metadata["resourceVersion"] = record.resource_version
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": metadata,
-        "spec": {
-            "holderIdentity": record.holder,
-            "leaseDurationSeconds": record.lease_duration_s,
-            "acquireTime": record.acquire_time,
-            "renewTime": record.renew_time,
-            "leaseTransitions": record.transitions,
-        },
-    }
-
-
-def node_condition(obj: Mapping[str, Any]) -> NodeCondition | None:
-    """A Node's ``GPUPowerCapEnforced`` condition from its JSON, if it has one."""
-    for entry in (obj.get("status") or {}).get("conditions") or []:
-        if not isinstance(entry, dict) or entry.get("type") != CONDITION_TYPE:
-            continue
-        try:
-            status = ConditionStatus(entry.get("status"))
-        except ValueError:
-            return None
-        transition = parse_time(entry.get("lastTransitionTime")) or 0.0
-        return NodeCondition(
-            status=status,
-            reason=str(entry.get("reason") or ""),
-            message=str(entry.get("message") or ""),
-            last_transition_wall=transition,
-            last_heartbeat_wall=parse_time(entry.get("lastHeartbeatTime")) or transition,
-        )
-    return None

@@ -49,6 +49,11 @@ log = logging.getLogger(__name__)
 JITTER_FACTOR = 1.2  # client-go's: a follower retries after retry_s * (1 + [0, 1.2))
 
 
+class Fence(Protocol):
+    def write_budget(self) -> float:
+        """Seconds a write may take from now (0: this replica must not write)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class LeaseConfig:
     lease_s: float = 15.0

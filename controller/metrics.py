@@ -13,14 +13,14 @@ known up front exists from the start at zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from controller.conditions import AgentLink, ConditionStatus
 from controller.tracking import NodeState
+from server.http.exposition import ScrapeCollector
 
 # Detection within a cycle's delivery is milliseconds; a write retried after
 # API errors can take seconds to a minute.
@@ -107,7 +107,7 @@ class ControllerMetrics:
         self._transitions.labels(shard=self._shard).inc()
 
 
-class _Scrape(Collector):
+class _Scrape(ScrapeCollector):
     def __init__(
         self,
         *,
@@ -121,13 +121,7 @@ class _Scrape(Collector):
         self._shard = shard
         self._info = info
 
-    def describe(self) -> Iterable[Metric]:
-        return self._families(populated=False)
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families(populated=True)
-
-    def _families(self, *, populated: bool) -> list[Metric]:
+    def families(self, *, populated: bool) -> list[Metric]:
         info = InfoMetricFamily("capwatch_controller", "The controller replica serving these.")
         nodes = GaugeMetricFamily(
             "capwatch_controller_nodes",

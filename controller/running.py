@@ -33,6 +33,7 @@ from client.node_health import NodeHealthClient
 from controller.cluster import mapping
 from controller.cluster.serving import ClusterServer
 from controller.cluster.state import ClusterView
+from controller.conditions import NodeCondition
 from controller.discovery import DiscoverySink, KubernetesDiscovery, StaticDiscovery
 from controller.dryrun import PrintingApi, Unfenced
 from controller.following import Followers
@@ -42,7 +43,7 @@ from controller.settings import ControllerSettings
 from controller.sharding import shard_of
 from controller.tracking import NodeTracker
 from controller.writes.recorder import EventRecorder
-from controller.writes.writer import ConditionWriter, NodeCondition
+from controller.writes.writer import ConditionWriter
 from kit.clock import Clock, SystemClock
 from kit.version import package_version
 from server.http.exposition import RegistryServer

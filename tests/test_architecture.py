@@ -52,12 +52,12 @@ def folders() -> list[Path]:
     [
         ("pynvml", {"agent/nvml/backend.py"}),
         ("kubernetes", {"agent/kube/client.py", "controller/kube.py"}),
-        ("rich", {"capwatch/watch/screen.py", "capwatch/watch/tables.py"}),
+        ("rich", {"capwatch/watch/screen.py", "capwatch/watch/layout.py"}),
     ],
 )
 def test_external_system_imported_in_one_module_per_side(module: str, allowed: set[str]):
     """Each external system's library is imported by one module on each side (the
-    terminal UI's rich: its tables and the screen that draws them)."""
+    terminal UI's rich: its layout and the screen that draws it)."""
     assert importers_of(module) <= allowed
 
 

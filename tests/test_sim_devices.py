@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agent.gpus import GpuError, GpuErrorClass, WriteOutcome
-from agent.health.telemetry import DeviceEventKind, Readings, ThrottleReason
+from agent.health.telemetry import EVENT_KEYS_LIMIT, DeviceEventKind, Readings, ThrottleReason
 from agent.sim.devices import READS
 from agent.sim.scenario import Scenario, parse_scenario
 from agent.sim.views import SimGpuBackend
@@ -287,3 +287,18 @@ def test_the_same_scenario_and_cycles_give_the_same_reads_and_events() -> None:
     first = run()
     assert first == run()
     assert first[3][2] == Readings(lost=True)
+
+
+def test_events_past_the_accumulators_bound_are_dropped_and_counted():
+    """More distinct XID numbers between two drains than the accumulator keeps: the rest
+    are dropped, and the backend's running total of drops (the metric
+    capwatch_gpu_events_dropped_total) counts every one, drain after drain."""
+    world, backend = sim()
+    for code in range(EVENT_KEYS_LIMIT + 5):
+        world.devices.queue_xid(0, code, uuid=GPU0)
+    assert len(backend.drain_events()) == EVENT_KEYS_LIMIT
+    assert backend.events_dropped_total() == 5
+    for code in range(EVENT_KEYS_LIMIT + 2):
+        world.devices.queue_xid(0, code, uuid=GPU0, count=2)
+    backend.drain_events()
+    assert backend.events_dropped_total() == 5 + 2 * 2

@@ -54,6 +54,7 @@ from agent.kube.wire import (
     shutdown_response,
     stream_lines,
 )
+from kit.backoff import Backoff
 from kit.clock import Clock
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ class Informer:
         self._clock = clock
         self._policy = policy
         self._rng = rng or random.Random()
+        self._retry = Backoff(initial_s=policy.backoff_initial, max_s=policy.backoff_max)
 
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -310,13 +312,8 @@ class Informer:
             self._clock.sleep(delay, self._stop)
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        """Full exponential delay, jittered down by up to half; Retry-After as a floor."""
-        policy = self._policy
-        base = min(policy.backoff_max, policy.backoff_initial * (2.0 ** min(attempt, 30)))
-        delay = base * (0.5 + 0.5 * self._rng.random())
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, policy.backoff_max))
-        return delay
+        """The one backoff (full jitter under the ceiling); Retry-After as a floor."""
+        return self._retry.delay(attempt, self._rng, floor_s=retry_after)
 
     def _mark_down(self, reason: str, *, count_error: bool = True) -> None:
         with self._lock:

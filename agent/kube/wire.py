@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -33,12 +34,15 @@ class ApiStatusError(CapwatchError):
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
-    """The Retry-After header in seconds (the HTTP-date form is not used by Kubernetes)."""
+    """The Retry-After header in seconds, or None when absent or not a finite number
+    (the HTTP-date form is not used by Kubernetes). Every Kubernetes client of
+    capwatch's, the agent's and the controller's, reads it here."""
     value = (headers or {}).get("Retry-After")
     try:
-        return max(0.0, float(value)) if value is not None else None
+        seconds = float(value) if value is not None else math.nan
     except ValueError:
         return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def read_json(response: urllib3.HTTPResponse) -> dict[str, Any]:

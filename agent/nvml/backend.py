@@ -341,6 +341,9 @@ class NvmlBackend:
     def drain_events(self) -> tuple[DeviceEvent, ...]:
         return self._events.drain()
 
+    def events_dropped_total(self) -> int:
+        return self._events.dropped_total
+
     # -- writes -----------------------------------------------------------
 
     def set_limit(self, index: int, *, uuid: str, milliwatts: int) -> WriteResult:

@@ -78,6 +78,9 @@ class SimGpuBackend:
     def drain_events(self) -> tuple[DeviceEvent, ...]:
         return self._world.devices.events.drain()
 
+    def events_dropped_total(self) -> int:
+        return self._world.devices.events.dropped_total
+
     def close(self) -> None:
         self._closed = True
 

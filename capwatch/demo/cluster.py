@@ -20,21 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from capwatch.demo.children import Child, logged
 from capwatch.demo.settings import DemoError, DemoSettings
 from capwatch.logs import configure_logging
 from capwatch.watch.cluster_table import NodeBoard
+from capwatch.watch.layout import FAILED, GOOD, QUIET
 from capwatch.watch.screen import Screen, log_stream, screen_for
-from capwatch.watch.tables import FAILED, GOOD, QUIET
 from client.cluster_health import ClusterHealthClient
 from client.stream_events import ClusterEvent, ClusterSnapshot, Disconnected, NodeUpdate
 from server.listeners import address_in_use
@@ -54,9 +53,6 @@ SCHEDULE = (
     ("hang", 0.15, 10, 10),
     ("silent", 0.15, 16, 8),
 )
-START_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 5.0
-RETRY_S = 0.5
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
@@ -71,119 +67,6 @@ def cluster_faults(interval_s: float) -> tuple[str, ...]:
         f"+{_seconds(duration * interval_s)}/{_seconds(PERIOD * interval_s)}"
         for kind, fraction, start, duration in SCHEDULE
     )
-
-
-class Child:
-    """A capwatch command run as a child process that dies with the demo.
-
-    Its JSON log (stderr) is followed: it is ready once it logs ``ready_message``; the
-    records it logged are kept by message, its last line that was not JSON (a one-line
-    error) is its last words, and ``on_line`` sees each line of its standard output.
-    """
-
-    def __init__(
-        self,
-        what: str,
-        argv: list[str],
-        *,
-        ready_message: str,
-        on_record: Callable[[Mapping[str, Any]], None] = lambda record: None,
-        on_line: Callable[[str], None] | None = None,
-        on_death: Callable[[str], None] = lambda why: None,
-    ) -> None:
-        self.what = what
-        self._argv = argv
-        self._ready_message = ready_message
-        self._on_record = on_record
-        self._on_line = on_line
-        self._on_death = on_death
-        self.records: dict[str, Mapping[str, Any]] = {}
-        self.said = ""
-        self._ready = asyncio.Event()
-        self._process: asyncio.subprocess.Process | None = None
-        self._readers: list[asyncio.Task[None]] = []
-        self._stopping = False
-
-    async def start(self) -> None:
-        """Start it and wait until it says it serves. Raises DemoError."""
-        # Its own session: a Ctrl-C on the terminal is the demo's to handle, in order.
-        # None of the demo's CAPWATCH_* twins: the child gets its flags and nothing else.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CAPWATCH_")}
-        process = self._process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "capwatch.child",
-            str(os.getpid()),
-            *self._argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL if self._on_line is None else asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-        self._readers.append(
-            asyncio.create_task(self._read_log(process), name=f"capwatch-demo-{self._argv[0]}-log")
-        )
-        if self._on_line is not None:
-            self._readers.append(
-                asyncio.create_task(self._read_out(process), name=f"capwatch-demo-{self._argv[0]}")
-            )
-        exited = asyncio.create_task(process.wait())
-        ready = asyncio.create_task(self._ready.wait())
-        try:
-            await asyncio.wait(
-                {exited, ready}, timeout=START_TIMEOUT_S, return_when="FIRST_COMPLETED"
-            )
-        finally:
-            ready.cancel()
-            exited.cancel()
-        if not self._ready.is_set():
-            if process.returncode is not None:
-                await asyncio.gather(*self._readers)  # its last words
-            why = self.said or f"no word from it in {START_TIMEOUT_S:g}s"
-            raise DemoError(f"{self.what} did not start: {why}")
-
-    async def stop(self) -> None:
-        self._stopping = True
-        process = self._process
-        if process is not None and process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-        for reader in self._readers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-
-    async def _read_log(self, process: asyncio.subprocess.Process) -> None:
-        assert process.stderr is not None  # created with stderr=PIPE
-        async for raw in process.stderr:
-            text = raw.decode(errors="replace").strip()
-            try:
-                record = json.loads(text)
-            except ValueError:
-                record = None
-            if not isinstance(record, dict):
-                self.said = text or self.said
-                continue
-            message = str(record.get("message", ""))
-            self.records[message] = record
-            if message.startswith(self._ready_message):
-                self._ready.set()
-            self._on_record(record)
-        code = await process.wait()
-        if not self._stopping and self._ready.is_set():
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            said = f": {self.said}" if self.said else ""
-            self._on_death(f"{self.what} {how}{said}")
-
-    async def _read_out(self, process: asyncio.subprocess.Process) -> None:
-        assert process.stdout is not None  # created with stdout=PIPE when on_line is given
-        assert self._on_line is not None
-        async for raw in process.stdout:
-            self._on_line(raw.decode(errors="replace").rstrip("\n"))
 
 
 class ClusterDemo:
@@ -210,7 +93,7 @@ class ClusterDemo:
                 "--log-format=json",
                 "--log-level=info",
             ],
-            ready_message="pool serving",
+            is_ready=logged("pool serving"),
             on_record=self._pool_record,
             on_death=self._died,
         )
@@ -227,7 +110,7 @@ class ClusterDemo:
                 "--log-format=json",
                 "--log-level=info",
             ],
-            ready_message="controller started",
+            is_ready=logged("controller started"),
             on_record=self._controller_record,
             on_line=self._dry_run_line,
             on_death=self._died,

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
-import os
 import socket
 import sys
 import tempfile
@@ -36,14 +33,16 @@ from agent.settings import (
     BackendKind,
     agent_settings,
 )
+from capwatch.demo.children import Child
 from capwatch.demo.settings import (
     DemoError,
     DemoSettings,
 )
 from capwatch.launch import run_agent
 from capwatch.logs import configure_logging
+from capwatch.watch.layout import FAILED, GOOD, Line, wrapped
 from capwatch.watch.screen import Screen, log_stream, screen_for
-from capwatch.watch.tables import FAILED, GOOD, Frame, GpuBoard, Line, wrapped
+from capwatch.watch.tables import Frame, GpuBoard
 from server.grpc import mapping
 from server.grpc.serving import AgentServer
 from server.settings import server_settings
@@ -133,13 +132,9 @@ class _Demo:
         self._board = GpuBoard()
         self._block: tuple[Line, ...] = ()
         self._answer: tuple[Line, ...] = ()  # the shim's latest answer, under the table
-        self._shim: asyncio.subprocess.Process | None = None
-        self._shim_log: asyncio.Task[None] | None = None
-        self._shim_serving = asyncio.Event()
-        self._shim_said = ""  # its last line that was not a JSON log record
+        self._shim: Child | None = None
         self._poller: asyncio.Task[None] | None = None
         self._last_answer = ""
-        self._stopping = False
         self.stop = asyncio.Event()
         self.shim_died: str | None = None
 
@@ -187,7 +182,6 @@ class _Demo:
         )
 
     def stopped(self, summary: ShutdownSummary) -> None:
-        self._stopping = True
         if self._poller is not None:
             self._poller.cancel()
         restored = sum(1 for r in summary.restored if not r.failed)
@@ -195,83 +189,32 @@ class _Demo:
         self._screen.note(((f"stopped: default power limit restored on {restored} GPU(s)", ""),))
 
     async def stop_shim(self) -> None:
-        self._stopping = True
         if self._poller is not None:
             self._poller.cancel()
-        shim = self._shim
-        if shim is not None and shim.returncode is None:
-            shim.terminate()
-            try:
-                await asyncio.wait_for(shim.wait(), 5)
-            except TimeoutError:
-                shim.kill()
-                await shim.wait()
-        if self._shim_log is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._shim_log
+        if self._shim is not None:
+            await self._shim.stop()
 
     async def _start_shim(self, target: str) -> None:
-        # Its own session: a Ctrl-C on the terminal is the demo's to handle, in order.
-        # None of the demo's CAPWATCH_* twins: the shim gets its flags and nothing else.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CAPWATCH_")}
-        self._shim = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "capwatch.child",
-            str(os.getpid()),
-            "shim",
-            f"--target={target}",
-            "--readyz-address=127.0.0.1",
-            f"--readyz-port={self._readyz_port}",
-            "--log-format=json",
-            "--log-level=info",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,
+        port = self._readyz_port
+        self._shim = Child(
+            "the readiness shim",
+            [
+                "shim",
+                f"--target={target}",
+                "--readyz-address=127.0.0.1",
+                f"--readyz-port={port}",
+                "--log-format=json",
+                "--log-level=info",
+            ],
+            is_ready=lambda r: r.get("message") == "serving /readyz" and r.get("port") == port,
+            start_timeout_s=SHIM_START_TIMEOUT_S,
+            on_death=self._shim_died,
         )
-        self._shim_log = asyncio.create_task(
-            self._read_shim_log(self._shim), name="capwatch-demo-shim-log"
-        )
-        exited = asyncio.create_task(self._shim.wait())
-        serving = asyncio.create_task(self._shim_serving.wait())
-        try:
-            await asyncio.wait(
-                {exited, serving}, timeout=SHIM_START_TIMEOUT_S, return_when="FIRST_COMPLETED"
-            )
-        finally:
-            serving.cancel()
-            exited.cancel()
-        if not self._shim_serving.is_set():
-            if self._shim.returncode is not None and self._shim_log is not None:
-                await self._shim_log  # its last words
-            why = self._shim_said or f"no word from it in {SHIM_START_TIMEOUT_S:g}s"
-            raise DemoError(f"the readiness shim did not start: {why}")
+        await self._shim.start()
 
-    async def _read_shim_log(self, shim: asyncio.subprocess.Process) -> None:
-        """Follow the shim's log: learn that it serves /readyz on our port, keep its last
-        words, and end the demo if it dies while the demo runs."""
-        assert shim.stderr is not None  # created with stderr=PIPE
-        async for raw in shim.stderr:
-            text = raw.decode(errors="replace").strip()
-            try:
-                record = json.loads(text)
-            except ValueError:
-                record = None
-            if not isinstance(record, dict):
-                self._shim_said = text or self._shim_said
-            elif (
-                record.get("message") == "serving /readyz"
-                and record.get("port") == self._readyz_port
-            ):
-                self._shim_serving.set()
-        code = await shim.wait()
-        if not self._stopping and self._shim_serving.is_set():
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            said = f": {self._shim_said}" if self._shim_said else ""
-            self.shim_died = f"the readiness shim {how}{said}"
-            self.stop.set()
+    def _shim_died(self, why: str) -> None:
+        self.shim_died = why
+        self.stop.set()
 
     async def _poll(self) -> None:
         while True:

@@ -31,19 +31,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from api.gen.capwatch.v1 import node_health_pb2 as pb
-from capwatch.watch.tables import (
-    FAILED,
-    GOOD,
-    HEADER,
-    QUIET,
-    Column,
-    Frame,
-    Line,
-    Style,
-    fit,
-    flow,
-    table,
-)
+from capwatch.watch.layout import FAILED, GOOD, HEADER, QUIET, Column, Line, Style, fit, flow, table
+from capwatch.watch.tables import Frame
 
 UNKNOWN = "yellow"
 

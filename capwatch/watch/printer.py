@@ -19,8 +19,9 @@ from google.protobuf.json_format import MessageToJson
 from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from api.gen.capwatch.v1 import node_health_pb2 as pb
 from capwatch.watch.cluster_table import NodeBoard
+from capwatch.watch.layout import Line
 from capwatch.watch.screen import Screen, screen_for
-from capwatch.watch.tables import DeviceBoard, Frame, GpuBoard, Line
+from capwatch.watch.tables import DeviceBoard, Frame, GpuBoard
 from client.stream_events import (
     ClusterHeartbeat,
     ClusterSnapshot,

@@ -19,7 +19,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from capwatch.watch.tables import QUIET, Frame, Line, plain
+from capwatch.watch.layout import QUIET, Line, plain
+from capwatch.watch.tables import Frame
 from kit.flags import is_digits
 
 

@@ -1,12 +1,9 @@
 """Human-readable text for capwatch.v1 and DRA health messages (``capwatch watch``, the demo).
 
-Every line is a sequence of (text, style) segments: a terminal colours them
-(failures red), plain output drops the styles. A table fits the width it is
-given: the columns each width shows are chosen by rank, not by what the cells
-hold, so the layout never jumps when a cycle fails; owners (and, on very
-narrow terminals, reasons) are cut with an ellipsis. With no width (a pipe
-or a file) every column is shown. Wall clock times are local and for humans
-only; ages are the agent's, at send time.
+Laid out by :mod:`capwatch.watch.layout`: owners (and, on very narrow
+terminals, reasons) are cut with an ellipsis, and with no width (a pipe or a
+file) every column is shown. Wall clock times are local and for humans only;
+ages are the agent's, at send time.
 
 The boards keep what a screen shows: the latest full picture (redrawn in
 place on a terminal) and what changed since the last message (all that is
@@ -15,9 +12,8 @@ printed elsewhere).
 
 from __future__ import annotations
 
-import textwrap
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,30 +22,21 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from api.gen.capwatch.v1 import node_health_pb2 as pb
 from api.gen.v1 import dra_health_pb2 as v1_pb
 from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from capwatch.watch.layout import (
+    FAILED,
+    GOOD,
+    HEADER,
+    QUIET,
+    Column,
+    Line,
+    Segment,
+    Style,
+    flow,
+    table,
+    wrapped,
+)
 
-Style = str  # a style name ("bold red"); "" for none
-Segment = tuple[str, Style]
-Line = tuple[Segment, ...]
 DraResponse = v1_pb.NodeWatchResourcesResponse | v1alpha1_pb.NodeWatchResourcesResponse
-
-INDENT = "  "
-GAP = "  "
-FAILED, GOOD, QUIET, HEADER = "bold red", "green", "dim", "bold"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Column:
-    """A table column: shown ``min`` to ``max`` wide; ``rank`` 0 is always shown, the
-    others only where they fit (lower ranks first); spare width goes to lower ``grow``
-    first; ``floor`` is how far a column may shrink when even rank 0 does not fit."""
-
-    name: str
-    min: int
-    max: int
-    rank: int = 0
-    grow: int = 9
-    floor: int = 0
-
 
 GPU_COLUMNS = (
     Column(name="GPU", min=3, max=3),
@@ -78,113 +65,7 @@ _HEALTH_STYLE = {"healthy": GOOD, "unhealthy": FAILED, "unknown": "yellow"}
 _OUTCOME_STYLE = {"enforced": GOOD, "failed": FAILED, "idle": QUIET, "released": "cyan"}
 
 
-def plain(line: Line) -> str:
-    return "".join(text for text, _ in line).rstrip()
-
-
-def cut(text: str, width: int) -> str:
-    """``text`` in at most ``width`` characters, an ellipsis marking a cut."""
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
-
-
-def fit(columns: Sequence[Column], width: int | None) -> list[int | None]:
-    """Each column's width at ``width`` characters (None: not shown; no width: all, widest)."""
-    if width is None:
-        return [c.max for c in columns]
-    shown = {i for i, c in enumerate(columns) if c.rank == 0}
-
-    def need(which: set[int]) -> int:
-        return len(INDENT) + sum(columns[i].min for i in which) + len(GAP) * (len(which) - 1)
-
-    for i in sorted((i for i, c in enumerate(columns) if c.rank), key=lambda i: columns[i].rank):
-        if need(shown | {i}) <= width:
-            shown.add(i)
-    widths = {i: columns[i].min for i in shown}
-    spare = width - need(shown)
-    for i in sorted(shown, key=lambda i: columns[i].grow):
-        step = min(spare, columns[i].max - widths[i]) if spare > 0 else 0
-        if spare < 0 and columns[i].floor:
-            step = -min(-spare, widths[i] - columns[i].floor)
-        widths[i] += step
-        spare -= step
-    return [widths.get(i) for i in range(len(columns))]
-
-
-def table(
-    columns: Sequence[Column],
-    rows: Iterable[tuple[Sequence[str], Sequence[Style]]],
-    width: int | None,
-) -> list[Line]:
-    """A header line and one line per row, in the widths ``fit`` gives."""
-    widths = fit(columns, width)
-    header = ([c.name for c in columns], [HEADER] * len(columns))
-    lines = []
-    for cells, styles in (header, *rows):
-        line: list[Segment] = [(INDENT, "")]
-        for cell, style, size in zip(cells, styles, widths, strict=True):
-            if size is not None:
-                line += [(cut(cell, size).ljust(size), style), (GAP, "")]
-        lines.append(tuple(line[:-1]))
-    return lines
-
-
-def flow(parts: Sequence[Line], width: int | None) -> list[Line]:
-    """Parts joined by two spaces, on as many lines as ``width`` needs (indented after
-    the first); a part wider than a whole line is cut."""
-    lines: list[list[Segment]] = [[]]
-    used = 0
-    for part in parts:
-        size = sum(len(text) for text, _ in part)
-        if lines[-1] and width is not None and used + len(GAP) + size > width:
-            lines.append([(INDENT, "")])
-            used = len(INDENT)
-        elif lines[-1]:
-            lines[-1].append((GAP, ""))
-            used += len(GAP)
-        room = None if width is None else max(1, width - used)
-        for text, style in part:
-            shown = text if room is None else cut(text, room)
-            lines[-1].append((shown, style))
-            used += len(shown)
-            room = None if room is None else max(1, room - len(shown))
-    return [tuple(line) for line in lines]
-
-
-def wrapped(text: str, width: int | None, *, first: str, then: str, style: Style) -> list[Line]:
-    """``text`` broken at spaces to fit ``width``, after ``first`` and then ``then``."""
-    if width is None:
-        return [((first + text, style),)]
-    lines = textwrap.wrap(
-        text, max(len(first) + 8, width), initial_indent=first, subsequent_indent=then
-    )
-    return [((line, style),) for line in lines or [first]]
-
-
 # --- capwatch.v1 --------------------------------------------------------------------
-
-
-def render_cycle(cycle: pb.CycleReport, width: int | None = None) -> str:
-    """A heading (sequence, time, verdict, readiness), then one row per GPU."""
-    return _text([*cycle_heading(cycle, width), *gpu_table(cycle.devices, width)])
-
-
-def render_snapshot(snapshot: pb.NodeSnapshot, width: int | None = None) -> str:
-    """The node's state: a heading, then one row per GPU as of its last report."""
-    return _text([*snapshot_heading(snapshot, width), *gpu_table(snapshot.devices, width)])
-
-
-def render_heartbeat(heartbeat: pb.Heartbeat, width: int | None = None) -> str:
-    return _text(heartbeat_lines(heartbeat, width))
-
-
-def render_readiness(readiness: pb.Readiness) -> str:
-    """``ready`` or ``NOT READY: <reason> (<detail>)``, and the last good cycle's age."""
-    return plain(readiness_segments(readiness))
-
-
-def render_devices(response: DraResponse, *, version: str, width: int | None = None) -> str:
-    """A DRA device list as the kubelet receives it: one row per device."""
-    return _text(dra_lines(response, version, width))
 
 
 def cycle_heading(cycle: pb.CycleReport, width: int | None) -> list[Line]:
@@ -420,10 +301,6 @@ def _verdict(cycle: pb.CycleReport) -> Segment:
 
 def _count(response: DraResponse) -> str:
     return f"{len(response.devices)} devices"
-
-
-def _text(lines: Iterable[Line]) -> str:
-    return "\n".join(plain(line) for line in lines)
 
 
 def _enum(kind: Any, value: int, prefix: str) -> str:

@@ -20,14 +20,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from controller.conditions import Condition, ConditionStatus
+from controller.conditions import Condition, ConditionStatus, NodeCondition
 from controller.errors import ApiError
+from controller.leasing import Fence
 from kit.clock import Clock
-
-if TYPE_CHECKING:
-    from controller.writes.writer import Fence, NodeCondition
 
 log = logging.getLogger(__name__)
 

@@ -46,11 +46,12 @@ class ItemBackoff(Generic[K]):
         self._rng = rng or random.Random()
         self._failures: dict[K, int] = {}
 
-    def when(self, key: K) -> float:
-        """The delay before ``key``'s next try, counting this failure."""
+    def when(self, key: K, *, floor_s: float | None = None) -> float:
+        """The delay before ``key``'s next try, counting this failure; at least
+        ``floor_s`` (a Retry-After), within the backoff's maximum."""
         attempt = self._failures.get(key, 0)
         self._failures[key] = attempt + 1
-        return self._backoff.delay(attempt, self._rng)
+        return self._backoff.delay(attempt, self._rng, floor_s=floor_s)
 
     def failures(self, key: K) -> int:
         return self._failures.get(key, 0)
@@ -122,9 +123,9 @@ class WorkQueue(Generic[K]):
         handle = loop.call_later(delay_s, self._due, key, priority)
         self._waiting[key] = (due, handle)
 
-    def add_rate_limited(self, key: K, *, floor_s: float = 0.0, priority: int = 0) -> float:
+    def add_rate_limited(self, key: K, *, floor_s: float | None = None, priority: int = 0) -> float:
         """Queue ``key`` after its backoff (at least ``floor_s``: a Retry-After); the delay."""
-        delay = max(floor_s, self._limiter.when(key))
+        delay = self._limiter.when(key, floor_s=floor_s)
         self.add_after(key, delay, priority=priority)
         return delay
 

@@ -14,13 +14,15 @@ What is written where:
 
 What the Node carries comes from the node watch (so a new leader starts from
 the API's truth, not from nothing) and from this writer's own successful
-writes. Writes go through a queue keyed by node (a node queued twice is
+writes. Writes go through a work queue keyed by node
+(:mod:`controller.writes.workqueue`, client-go's shape: a node queued twice is
 written once, with its latest state; one changed while its write is in
 flight is written again after it, never beside it) served by a few workers;
 a change goes ahead of every heartbeat waiting (a round of thousands of
 heartbeats must not delay the news of a failure); a failed write is retried
-with exponential backoff (and the server's Retry-After), a node that no
-longer exists is dropped.
+after the node's own backoff (the one backoff, full jitter, 0.5 s doubling to
+60 s, and the server's Retry-After as a floor) for as long as it fails, a
+node that no longer exists is dropped.
 
 Fencing: no write starts unless the :class:`Fence` says this replica leads
 and renewed its lease within the renew deadline, and its request may take no
@@ -31,16 +33,18 @@ that need writing are held, and queued again when it may.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import random
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Protocol
 
-from controller.conditions import AgentLink, Condition, ConditionStatus
+from controller.conditions import AgentLink, Condition, NodeCondition
 from controller.errors import ApiError, NotFound
+from controller.leasing import Fence
 from controller.tracking import NodeState
 from controller.writes.recorder import EventRecorder
+from controller.writes.workqueue import ItemBackoff, WorkQueue
+from kit.backoff import Backoff
 from kit.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -51,21 +55,7 @@ DEFAULT_WORKERS = 8
 REQUEST_TIMEOUT_S = 10.0
 RETRY_INITIAL_S = 0.5
 RETRY_MAX_S = 60.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeCondition:
-    """``GPUPowerCapEnforced`` as a Node carries it (times are wall-clock seconds)."""
-
-    status: ConditionStatus
-    reason: str
-    message: str
-    last_transition_wall: float
-    last_heartbeat_wall: float
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.status.value, self.reason)
+RETRY_BACKOFF = Backoff(initial_s=RETRY_INITIAL_S, max_s=RETRY_MAX_S)
 
 
 class ConditionApi(Protocol):
@@ -74,11 +64,6 @@ class ConditionApi(Protocol):
     ) -> None:
         """Merge ``condition`` into the Node's status, giving up after ``deadline_s``.
         Raises NotFound, ApiError."""
-
-
-class Fence(Protocol):
-    def write_budget(self) -> float:
-        """Seconds a write may take from now (0: this replica must not write)."""
 
 
 class WriteObserver(Protocol):
@@ -112,23 +97,14 @@ class ConditionWriter:
         self._heartbeat_s = heartbeat_s
         self._workers = workers
         self._observer: WriteObserver = observer or _NoObserver()
-        self._rng = rng or random.Random()
         self._desired: dict[str, NodeState] = {}
         self._written: dict[str, NodeCondition] = {}
-        # (priority, order, node): changes (0) before heartbeats (1), each in order.
-        self._queue: asyncio.PriorityQueue[tuple[int, int, str]] = asyncio.PriorityQueue()
-        self._queued: dict[str, int] = {}  # node -> the priority it is queued at
-        self._order = itertools.count()
-        # A node being written is not written beside itself: a change meanwhile queues it
-        # again when its write ends.
-        self._writing: set[str] = set()
-        self._again: set[str] = set()
+        # Changes (priority 0) before heartbeats (1); a node is never written beside itself.
+        self._queue: WorkQueue[str] = WorkQueue(
+            rate_limiter=ItemBackoff(RETRY_BACKOFF, rng=rng or random.Random())
+        )
         self._held: set[str] = set()
-        self._attempts: dict[str, int] = {}
-        self._retries: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._busy: set[asyncio.Task[Any]] = set()  # workers in the middle of a write
-        self._stopping = False
         self.writes_in_flight = 0
 
     # --- inputs --------------------------------------------------------------------------
@@ -154,7 +130,7 @@ class ConditionWriter:
 
     def node_removed(self, node: str) -> None:
         self._desired.pop(node, None)
-        self._cancel_retry(node)
+        self._queue.forget(node)
 
     def observed(self, node: str, condition: NodeCondition | None) -> None:
         """What the API says the Node carries now (the node watch)."""
@@ -192,15 +168,12 @@ class ConditionWriter:
 
     async def stop(self) -> None:
         """Start no new write; wait for those in flight (each bounded by its timeout)."""
-        self._stopping = True
-        for handle in self._retries.values():
-            handle.cancel()
-        self._retries.clear()
         # A write in flight is not cancelled: its request would go on without us (on
-        # the API client's thread), past the release of the Lease. Its worker ends after it.
+        # the API client's thread), past the release of the Lease. The drain waits for
+        # it; idle workers get nothing more from the queue and end.
+        await self._queue.shut_down_with_drain()
         for task in self._tasks:
-            if task not in self._busy:
-                task.cancel()
+            task.cancel()  # the heartbeat task; the workers have ended
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
@@ -216,16 +189,9 @@ class ConditionWriter:
         return written is not None and now_wall - written.last_heartbeat_wall >= self._heartbeat_s
 
     def _enqueue(self, node: str, *, heartbeat: bool = False) -> None:
-        priority = _HEARTBEAT if heartbeat else _CHANGE
-        queued = self._queued.get(node)
-        if self._stopping or node in self._retries or (queued is not None and queued <= priority):
-            return
-        if node in self._writing:
-            self._again.add(node)
-            return
-        # A heartbeat already queued is overtaken; its entry is skipped when reached.
-        self._queued[node] = priority
-        self._queue.put_nowait((priority, next(self._order), node))
+        if self._queue.waiting(node):
+            return  # a retry is due: it writes the latest state then, not sooner
+        self._queue.add(node, priority=_HEARTBEAT if heartbeat else _CHANGE)
 
     async def _heartbeats(self) -> None:
         # Each node's heartbeat is due on its own schedule (when it was last
@@ -239,26 +205,14 @@ class ConditionWriter:
                     self._enqueue(node, heartbeat=True)
 
     async def _work(self) -> None:
-        worker = asyncio.current_task()
-        assert worker is not None
-        while not self._stopping:
-            priority, _, node = await self._queue.get()
-            if self._queued.get(node) != priority:
-                continue  # overtaken by a change queued after it
-            del self._queued[node]
-            self._writing.add(node)
-            self._busy.add(worker)
+        while (node := await self._queue.get()) is not None:
             try:
                 await self._write(node)
             except Exception:  # one node's surprise must not stop the worker
                 log.exception("writing the condition of node=%s failed unexpectedly", node)
                 self._retry_later(node, None)
             finally:
-                self._busy.discard(worker)
-                self._writing.discard(node)
-                if node in self._again:
-                    self._again.discard(node)
-                    self._enqueue(node)
+                self._queue.done(node)
 
     async def _write(self, node: str) -> None:
         state = self._desired.get(node)
@@ -301,7 +255,7 @@ class ConditionWriter:
             return
         finally:
             self.writes_in_flight -= 1
-        self._attempts.pop(node, None)
+        self._queue.forget(node)
         self._written[node] = payload
         latency = None
         if changed and state.cycle_end_at is not None:
@@ -314,23 +268,9 @@ class ConditionWriter:
             self._enqueue(node)
 
     def _retry_later(self, node: str, retry_after: float | None) -> None:
-        if self._stopping:
-            return
-        attempt = self._attempts.get(node, 0)
-        self._attempts[node] = attempt + 1
-        ceiling = min(RETRY_MAX_S, RETRY_INITIAL_S * 2**attempt)
-        delay = max(retry_after or 0.0, self._rng.uniform(ceiling / 2, ceiling))
-        self._cancel_retry(node)
-        self._retries[node] = asyncio.get_running_loop().call_later(delay, self._retry_now, node)
-
-    def _retry_now(self, node: str) -> None:
-        self._retries.pop(node, None)
-        self._enqueue(node)
-
-    def _cancel_retry(self, node: str) -> None:
-        handle = self._retries.pop(node, None)
-        if handle is not None:
-            handle.cancel()
+        # For ever, at most RETRY_MAX_S apart: a node refused for days (a 403 until
+        # its RBAC is fixed) is written within a minute of the fix.
+        self._queue.add_rate_limited(node, floor_s=retry_after)
 
 
 def _key(condition: Condition) -> tuple[str, str]:

@@ -9,10 +9,10 @@ grpc health, reflection) a deserializer that returns a marker instead of
 raising, and ends a call that gets one with INVALID_ARGUMENT
 ("malformed request: Error parsing message with type ..."). Each is counted
 (``capwatch_grpc_malformed_requests_total``) and logged as one line without a
-traceback, through the throttle in :mod:`capwatch.logs`.
+traceback, through the throttle in :mod:`kit.throttling`.
 
 Failed TLS handshakes never reach Python: grpc core logs them, one line each
-at INFO, unless told otherwise before it loads (see :mod:`server`).
+at INFO, unless told otherwise before it loads (see :mod:`capwatch`).
 """
 
 from __future__ import annotations

@@ -24,10 +24,12 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 
 from server.http.tiny import HEAD_TIMEOUT_S, MAX_CONNECTIONS, PathServer, Request, Response
 from server.listeners import ServeError
@@ -35,6 +37,20 @@ from server.listeners import ServeError
 log = logging.getLogger(__name__)
 
 PATH = "/metrics"
+
+
+class ScrapeCollector(Collector):
+    """Series computed at scrape time. :meth:`families` builds every family; empty for
+    ``describe`` (registration learns the names), filled in for ``collect``."""
+
+    def describe(self) -> Iterable[Metric]:
+        return self.families(populated=False)
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families(populated=True)
+
+    def families(self, *, populated: bool) -> list[Metric]:
+        raise NotImplementedError
 
 
 def _listening_socket(address: str, port: int) -> socket.socket:

@@ -50,7 +50,6 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
 
 from agent.gpus import GpuErrorClass
 from agent.ownership import UNSAVED_CYCLES_LIMIT
@@ -69,6 +68,7 @@ from agent.reports import (
 from kit.version import package_version
 from server.certificates import Reloads
 from server.grpc.publication import Publication
+from server.http.exposition import ScrapeCollector
 from server.metrics.device_metrics import DeviceMetrics
 
 log = logging.getLogger(__name__)
@@ -155,6 +155,7 @@ class Metrics:
         certificate_reloads: Callable[[], Reloads | None] = lambda: None,
         pod_events: Callable[[], EventCounts | None] = lambda: None,
         malformed_requests: Callable[[], int] = lambda: 0,
+        events_dropped: Callable[[], int] = lambda: 0,
     ) -> None:
         # _created series double the count of every counter for nothing a
         # dashboard uses; the switch is process-wide, and this process is ours.
@@ -240,6 +241,7 @@ class Metrics:
                 certificate_reloads=certificate_reloads,
                 pod_events=pod_events,
                 malformed_requests=malformed_requests,
+                events_dropped=events_dropped,
                 info={
                     "version": version or package_version(),
                     "node": publication.node_name,
@@ -312,7 +314,7 @@ class Metrics:
                 self.fold(report)
 
 
-class _ScrapeCollector(Collector):
+class _ScrapeCollector(ScrapeCollector):
     """Series computed at scrape time (on the event loop, like the fold)."""
 
     def __init__(
@@ -323,6 +325,7 @@ class _ScrapeCollector(Collector):
         certificate_reloads: Callable[[], Reloads | None],
         pod_events: Callable[[], EventCounts | None],
         malformed_requests: Callable[[], int],
+        events_dropped: Callable[[], int],
         info: dict[str, str],
     ) -> None:
         self._pub = publication
@@ -330,15 +333,10 @@ class _ScrapeCollector(Collector):
         self._certificate_reloads = certificate_reloads
         self._pod_events = pod_events
         self._malformed_requests = malformed_requests
+        self._events_dropped = events_dropped
         self._info = info
 
-    def describe(self) -> Iterable[Metric]:
-        return self._families(populated=False)
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families(populated=True)
-
-    def _families(self, *, populated: bool) -> list[Metric]:
+    def families(self, *, populated: bool) -> list[Metric]:
         info = InfoMetricFamily("capwatch", "The agent serving these metrics.")
         age = GaugeMetricFamily(
             "capwatch_last_good_cycle_age_seconds",
@@ -361,6 +359,11 @@ class _ScrapeCollector(Collector):
             "capwatch_grpc_malformed_requests",
             "gRPC requests refused with INVALID_ARGUMENT because their bytes did not parse.",
         )
+        dropped = CounterMetricFamily(
+            "capwatch_gpu_events_dropped",
+            "Device events (XID, ECC) the agent could not keep: more distinct GPU, kind "
+            "and code keys between two cycles than it holds. Each drop is also a warning.",
+        )
         labels = ["gpu", "uuid", "namespace", "pod"]
         resolved = GaugeMetricFamily(
             "capwatch_gpu_resolved_cap_watts",
@@ -380,6 +383,7 @@ class _ScrapeCollector(Collector):
             messages,
             refusals,
             malformed,
+            dropped,
             resolved,
             applied,
         ]
@@ -414,6 +418,7 @@ class _ScrapeCollector(Collector):
         for reason, count in self._pub.admission.refusals.items():
             refusals.add_metric([reason.value], float(count))
         malformed.add_metric([], float(self._malformed_requests()))
+        dropped.add_metric([], float(self._events_dropped()))
         for index, caps in sorted(self._caps().items()):
             owner = caps.owner
             values = [

@@ -17,7 +17,7 @@ from capwatch.watch.cluster_table import (
     node_styles,
     node_table,
 )
-from capwatch.watch.tables import FAILED, GOOD, fit, plain
+from capwatch.watch.layout import FAILED, GOOD, fit, plain
 
 HEALTHY, UNHEALTHY = pb.DEVICE_HEALTH_HEALTHY, pb.DEVICE_HEALTH_UNHEALTHY
 LONG_MESSAGE = "gpu1 (GPU-5e5e5e5e-0000-4000-8000-000000000001): write_failed: " + "x" * 200

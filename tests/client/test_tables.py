@@ -2,25 +2,52 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import pytest
 
 from api.gen.capwatch.v1 import node_health_pb2 as pb
 from api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.watch.layout import FAILED, Line, fit, plain
 from capwatch.watch.tables import (
-    FAILED,
     GPU_COLUMNS,
-    fit,
+    cycle_heading,
+    dra_lines,
     gpu_styles,
     gpu_table,
-    plain,
-    render_cycle,
-    render_devices,
-    render_heartbeat,
-    render_readiness,
-    render_snapshot,
+    heartbeat_lines,
+    readiness_segments,
+    snapshot_heading,
 )
 from kit.readiness import ReadinessReason
 from server.grpc.mapping import READINESS_REASON
+
+# What the boards draw, as the plain text a pipe gets.
+
+
+def text(lines: Iterable[Line]) -> str:
+    return "\n".join(plain(line) for line in lines)
+
+
+def render_cycle(cycle: pb.CycleReport, width: int | None = None) -> str:
+    return text([*cycle_heading(cycle, width), *gpu_table(cycle.devices, width)])
+
+
+def render_snapshot(snapshot: pb.NodeSnapshot, width: int | None = None) -> str:
+    return text([*snapshot_heading(snapshot, width), *gpu_table(snapshot.devices, width)])
+
+
+def render_heartbeat(heartbeat: pb.Heartbeat, width: int | None = None) -> str:
+    return text(heartbeat_lines(heartbeat, width))
+
+
+def render_readiness(readiness: pb.Readiness) -> str:
+    return plain(readiness_segments(readiness))
+
+
+def render_devices(response: Any, *, version: str, width: int | None = None) -> str:
+    return text(dra_lines(response, version, width))
 
 
 def _rows(text: str) -> list[list[str]]:

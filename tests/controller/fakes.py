@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from client.stream_events import Event
+from controller.conditions import NodeCondition
 from controller.errors import ApiError, Conflict, NotFound
 from controller.leasing import LeaseRecord
 from controller.tracking import NodeState
 from controller.writes.recorder import NodeEvent
-from controller.writes.writer import NodeCondition
 
 
 class RecordingListener:

@@ -11,14 +11,12 @@ from controller.conditions import (
     FAILURE_ORDER,
     MAX_MESSAGE,
     AgentLink,
-    Condition,
     ConditionReason,
     ConditionStatus,
     CycleSummary,
     GpuSummary,
     bounded,
     condition_of,
-    count_by_status,
     failure_message,
     failure_reason,
 )
@@ -282,11 +280,3 @@ def test_unknown_messages_are_bounded_too() -> None:
     message = condition_of(seen, NOW).message
     assert len(message) <= MAX_MESSAGE
     assert message.startswith("the capwatch agent at 10.0.0.1:50051 is unreachable: handshake")
-
-
-def test_count_by_status_has_every_status() -> None:
-    """The counts have all three statuses, zero where no node has it."""
-    true = Condition(status=S.TRUE, reason=R.CAPS_ENFORCED, message="")
-    unknown = Condition(status=S.UNKNOWN, reason=R.AGENT_MISSING, message="")
-    assert count_by_status([true, true, unknown]) == {S.TRUE: 2, S.FALSE: 0, S.UNKNOWN: 1}
-    assert count_by_status([]) == dict.fromkeys(ConditionStatus, 0)

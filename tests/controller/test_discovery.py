@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from agent.kube.informer import WatchPolicy
-from controller.conditions import ConditionStatus
+from controller.conditions import ConditionStatus, NodeCondition
 from controller.discovery import KubernetesDiscovery, StaticDiscovery, agent_pod, parse_targets
-from controller.writes.writer import NodeCondition
 from kit.clock import SystemClock
 from kit.errors import ConfigError
 from tests.controller.collections_fake import MemoryCollection

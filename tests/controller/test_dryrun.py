@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import subprocess
+import sys
 
 import pytest
 
@@ -13,12 +15,13 @@ from controller.conditions import (
     Condition,
     ConditionReason,
     ConditionStatus,
+    NodeCondition,
     NodeObservation,
 )
 from controller.dryrun import PrintingApi, Unfenced
 from controller.tracking import NodeState
 from controller.writes.recorder import EventRecorder, EventType, NodeEvent
-from controller.writes.writer import REQUEST_TIMEOUT_S, ConditionWriter, NodeCondition
+from controller.writes.writer import REQUEST_TIMEOUT_S, ConditionWriter
 from tests.controller.virtual_time import LoopClock
 
 
@@ -89,3 +92,26 @@ async def test_a_dry_run_transition_prints_its_patch_then_its_event() -> None:
         'message="the capwatch agent is unreachable"',
         "EVENT Warning node/gpu-7 AgentUnreachable: the capwatch agent is unreachable",
     ]
+
+
+def test_a_dry_run_controller_never_loads_the_kubernetes_client(tmp_path) -> None:
+    """--dry-run needs no API server, so it must not import the ``kubernetes`` package
+    (seconds of start-up and a dependency a laptop demo does not need): the controller
+    is parsed, built and its modules imported exactly as ``capwatch controller
+    --dry-run`` does, and ``sys.modules`` is read."""
+    targets = tmp_path / "nodes.txt"
+    targets.write_text("gpu-1 127.0.0.1:50051\n")
+    probe = (
+        "import sys, os; from capwatch import cli; "
+        f"args = cli._parser('controller').parse_args(['controller', '--dry-run', "
+        f"'--targets', {str(targets)!r}]); "
+        "from controller.settings import controller_settings; "
+        "settings = controller_settings(args, os.environ); "
+        "from controller.running import build_controller, run_controller; "
+        "build_controller(settings); "
+        "print('kubernetes' in sys.modules, 'controller.kube' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["False", "False"], done.stderr[-2000:]

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.conditions import Condition, ConditionReason, ConditionStatus
+from controller.conditions import Condition, ConditionReason, ConditionStatus, NodeCondition
 from controller.errors import ApiError
 from controller.writes.recorder import DEDUPE_WINDOW_S, REQUEST_TIMEOUT_S, EventRecorder, EventType
-from controller.writes.writer import NodeCondition
 from kit.clock import FakeClock
 from tests.controller.fakes import FakeEventApi, ManualFence
 

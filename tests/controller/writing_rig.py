@@ -11,14 +11,12 @@ from controller.conditions import (
     Condition,
     ConditionReason,
     ConditionStatus,
+    NodeCondition,
     NodeObservation,
 )
 from controller.tracking import NodeState
 from controller.writes.recorder import EventRecorder
-from controller.writes.writer import (
-    ConditionWriter,
-    NodeCondition,
-)
+from controller.writes.writer import ConditionWriter
 from tests.controller.fakes import FakeConditionApi, FakeEventApi, ManualFence
 from tests.controller.virtual_time import LoopClock
 

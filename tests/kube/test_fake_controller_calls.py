@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller.conditions import ConditionStatus
+from controller.conditions import ConditionStatus, NodeCondition
 from controller.errors import Conflict, NotFound
-from controller.kube import KubeApi, node_condition
+from controller.kube import KubeApi
 from controller.leasing import LeaseRecord, micro_time
+from controller.objects import node_condition
 from controller.writes.recorder import EventType, NodeEvent
-from controller.writes.writer import NodeCondition
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.conftest import ClientFactory
 

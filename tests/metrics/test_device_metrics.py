@@ -9,10 +9,11 @@ import pytest
 
 from agent.health.faults import Fault, FaultKind
 from agent.health.telemetry import DeviceEvent, DeviceEventKind, Readings, ThrottleReason
+from server.metrics.cycle_metrics import Metrics
 from server.metrics.device_metrics import XID_CODES_PER_GPU
 from tests.metrics.conftest import Followed
-from tests.metrics.support import series_of, value
-from tests.server.harness import UUIDS, failed, idle, ok
+from tests.metrics.support import scrape, series_of, value
+from tests.server.harness import UUIDS, failed, idle, ok, start_harness
 
 pytestmark = pytest.mark.asyncio
 
@@ -103,3 +104,18 @@ async def test_distinct_xid_codes_are_bounded_per_gpu(followed: Followed):
     series = series_of(found, "capwatch_gpu_xid_events_total")
     assert len(series) == XID_CODES_PER_GPU + 1
     assert value(found, "capwatch_gpu_xid_events_total", **gpu(0), code="other") == 50.0
+
+
+@pytest.mark.asyncio
+async def test_dropped_device_events_are_exported_from_the_backends_total():
+    """capwatch_gpu_events_dropped_total reads the GPU backend's running count of events
+    it could not keep (0 until one is dropped), at scrape time."""
+    harness = await start_harness()
+    dropped = [0]
+    try:
+        metrics = Metrics(publication=harness.publication, events_dropped=lambda: dropped[0])
+        assert value(scrape(metrics.registry), "capwatch_gpu_events_dropped_total") == 0.0
+        dropped[0] = 12
+        assert value(scrape(metrics.registry), "capwatch_gpu_events_dropped_total") == 12.0
+    finally:
+        await harness.server.stop()

@@ -1,0 +1,102 @@
+"""The Kubernetes objects the controller reads and writes, as JSON: no client library.
+
+A Node's ``GPUPowerCapEnforced`` condition (read from the node watch, written
+as a strategic-merge patch of ``nodes/<name>/status``), a Lease's record, and
+the RFC 3339 timestamps both carry. Pure functions: :mod:`controller.kube`
+sends what they make, discovery reads Nodes with them, and ``--dry-run``
+prints them without loading the ``kubernetes`` package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from controller.conditions import CONDITION_TYPE, ConditionStatus, NodeCondition
+from controller.leasing import LeaseRecord
+
+
+def rfc3339(wall: float) -> str:
+    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: object) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def condition_patch(condition: NodeCondition) -> dict[str, Any]:
+    """The strategic-merge patch of ``nodes/<name>/status`` that sets ``condition``
+    (conditions merge by ``type``: the Node's others are left alone)."""
+    return {
+        "status": {
+            "conditions": [
+                {
+                    "type": CONDITION_TYPE,
+                    "status": condition.status.value,
+                    "reason": condition.reason,
+                    "message": condition.message,
+                    "lastTransitionTime": rfc3339(condition.last_transition_wall),
+                    "lastHeartbeatTime": rfc3339(condition.last_heartbeat_wall),
+                }
+            ]
+        }
+    }
+
+
+def node_condition(obj: Mapping[str, Any]) -> NodeCondition | None:
+    """A Node's ``GPUPowerCapEnforced`` condition from its JSON, if it has one."""
+    for entry in (obj.get("status") or {}).get("conditions") or []:
+        if not isinstance(entry, dict) or entry.get("type") != CONDITION_TYPE:
+            continue
+        try:
+            status = ConditionStatus(entry.get("status"))
+        except ValueError:
+            return None
+        transition = parse_time(entry.get("lastTransitionTime")) or 0.0
+        return NodeCondition(
+            status=status,
+            reason=str(entry.get("reason") or ""),
+            message=str(entry.get("message") or ""),
+            last_transition_wall=transition,
+            last_heartbeat_wall=parse_time(entry.get("lastHeartbeatTime")) or transition,
+        )
+    return None
+
+
+def lease_record(obj: Mapping[str, Any]) -> LeaseRecord:
+    spec = obj.get("spec") or {}
+    metadata = obj.get("metadata") or {}
+    duration = spec.get("leaseDurationSeconds")
+    transitions = spec.get("leaseTransitions")
+    return LeaseRecord(
+        holder=str(spec.get("holderIdentity") or ""),
+        lease_duration_s=duration if isinstance(duration, int) and duration > 0 else 1,
+        acquire_time=spec.get("acquireTime") or None,
+        renew_time=spec.get("renewTime") or None,
+        transitions=transitions if isinstance(transitions, int) else 0,
+        resource_version=str(metadata.get("resourceVersion") or ""),
+    )
+
+
+def lease_body(name: str, namespace: str, record: LeaseRecord) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if record.resource_version:
+        metadata["resourceVersion"] = record.resource_version
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": metadata,
+        "spec": {
+            "holderIdentity": record.holder,
+            "leaseDurationSeconds": record.lease_duration_s,
+            "acquireTime": record.acquire_time,
+            "renewTime": record.renew_time,
+            "leaseTransitions": record.transitions,
+        },
+    }
