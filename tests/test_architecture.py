@@ -7,6 +7,7 @@ import ast
 import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,3 +120,18 @@ def test_the_kit_imports_only_the_standard_library_and_itself():
         if name.split(".")[0] not in sys.stdlib_module_names | {"__future__", "kit"}
     }
     assert outside == set()
+
+
+def test_no_import_cycle():
+    """No module imports itself through others, type-only imports included (the
+    import-linter layers forbid cycles between rooms; this finds any inside one)."""
+    graph = grimp.build_graph(*PACKAGES)
+    modules = {m for m in graph.modules if m.split(".")[0] in PACKAGES}
+    cycles = []
+    for module in sorted(modules):
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported in modules and imported != module:
+                back = graph.find_shortest_chain(importer=imported, imported=module)
+                if back is not None:
+                    cycles.append((module, *back))
+    assert cycles == []
