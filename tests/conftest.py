@@ -1,4 +1,5 @@
-"""Fixtures shared across test packages: the fake NVML library (see tests/fakenvml/)."""
+"""Fixtures shared across test packages: the fake NVML library (see tests/fakenvml/) and
+the real Kubernetes control plane (see tests/realkube/)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest_plugins = ["tests.fakenvml.fixtures"]
+pytest_plugins = ["tests.fakenvml.fixtures", "tests.realkube.fixtures"]
 
 
 @pytest.fixture(autouse=True)
