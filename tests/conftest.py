@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.chart.support import Helm, fetch_helm
+
 pytest_plugins = ["tests.fakenvml.fixtures", "tests.realkube.fixtures"]
 
 
@@ -19,3 +21,15 @@ def _root_logging_restored() -> Iterator[None]:
     handlers, level = root.handlers[:], root.level
     yield
     root.handlers[:], root.level = handlers, level
+
+
+# No helm is an error, not a skip: the chart checks are part of the suite, and a
+# machine that cannot fetch helm cannot vouch for the chart.
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """helm v4 from build/tools (fetched on first use), with private homes."""
+    try:
+        binary = fetch_helm()
+    except (RuntimeError, OSError) as exc:
+        pytest.fail(f"cannot fetch helm for the chart tests: {exc}")
+    return Helm(binary=binary, home=tmp_path_factory.mktemp("helm-home"))

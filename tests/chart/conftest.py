@@ -1,24 +1,11 @@
-"""Session fixtures: the real helm binary, and the chart rendered once per values variant.
-
-No helm is an error, not a skip: the chart checks are part of the suite, and a
-machine that cannot fetch helm cannot vouch for the chart.
-"""
+"""Session fixtures: the chart rendered once per values variant (the real helm binary is
+tests/conftest.py's ``helm``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.chart.support import VARIANTS, Helm, Manifests, fetch_helm
-
-
-@pytest.fixture(scope="session")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    """helm v4 from build/tools (fetched on first use), with private homes."""
-    try:
-        binary = fetch_helm()
-    except (RuntimeError, OSError) as exc:
-        pytest.fail(f"cannot fetch helm for the chart tests: {exc}")
-    return Helm(binary=binary, home=tmp_path_factory.mktemp("helm-home"))
+from tests.chart.support import VARIANTS, Helm, Manifests
 
 
 @pytest.fixture(scope="session")
