@@ -9,9 +9,17 @@ standbys. The rules are client-go's ``tools/leaderelection``:
   valid, back off; otherwise write itself in, the write conditional on the
   ``resourceVersion`` it read (a 409 means another replica won the race).
 - A record is valid for its *own* ``leaseDurationSeconds`` (honoured whatever
-  this replica's setting) from the moment this replica *observed* it change,
-  on this process's monotonic clock: the holder's ``renewTime`` is another
-  machine's wall clock and is never compared with ours.
+  this replica's setting) from the moment this replica *observed* its spec
+  change, on this process's monotonic clock: the holder's ``renewTime`` is
+  another machine's wall clock and is never compared with ours. A change of
+  the Lease's metadata alone (a label, an annotation: a new resourceVersion)
+  is not a renewal and restarts no timer.
+- A Lease that disappears while this replica last saw another holder's valid
+  record is not created at once: that holder may still be writing until the
+  record it wrote would have expired, so the record is waited out first.
+- Writes replace the Lease (PUT) from the object as it was read, so its
+  labels, annotations, owner references, finalizers and the spec fields this
+  module does not set (``preferredHolder``, ``strategy``) are kept.
 - The leader renews every ``retry_s``; if no renewal succeeds within
   ``renew_deadline_s`` (10 s) it stops leading. Every attempt is bounded by
   a timeout (a hung API call cannot hold leadership open).
@@ -23,7 +31,10 @@ standbys. The rules are client-go's ``tools/leaderelection``:
   the record expire.
 - Release: on a clean shutdown, after this replica's writes have stopped, the
   holder is cleared (``leaseDurationSeconds: 1``) so a standby takes over at
-  its next retry instead of waiting out the lease.
+  its next retry instead of waiting out the lease. A renewal of this
+  replica's still in flight when the elector was cancelled may land first
+  (its request runs on a thread); the release's 409 then reads the Lease back
+  and, while it still names this replica, clears it from that record.
 
 Not the Python client's ``leaderelection`` package: it locks a ConfigMap and
 compares wall clocks.
@@ -35,10 +46,10 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from controller.errors import ApiError, Conflict
 from kit.clock import Clock
@@ -81,6 +92,21 @@ class LeaseRecord:
     renew_time: str | None = None
     transitions: int = 0
     resource_version: str = ""
+    # The whole Lease as read (None: not read, e.g. one being created): what a write
+    # keeps of metadata and of spec fields this module does not set.
+    raw: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def spec(self) -> tuple[str, int, str | None, str | None, int]:
+        """What the election reads, client-go's LeaderElectionRecord: a change of this is
+        a renewal or a new holder; anything else (metadata, resourceVersion) is not."""
+        return (
+            self.holder,
+            self.lease_duration_s,
+            self.acquire_time,
+            self.renew_time,
+            self.transitions,
+        )
 
 
 class LeaseApi(Protocol):
@@ -235,6 +261,15 @@ class LeaseElector:
         )
         current = await self._api.get_lease(self.name, deadline_s=deadline_s)
         if current is None:
+            last = self._observed
+            if (
+                last is not None
+                and last.holder not in ("", self.identity)
+                and self._valid(last, started)
+            ):
+                # Deleted under a holder that may still write until its record would
+                # have expired: wait that out before taking over.
+                return False
             self._observe(await self._api.create_lease(self.name, mine, deadline_s=deadline_s))
             return True
         self._observe(current)
@@ -250,7 +285,7 @@ class LeaseElector:
             )
         else:
             record = replace(mine, transitions=current.transitions + 1)
-        record = replace(record, resource_version=current.resource_version)
+        record = replace(record, resource_version=current.resource_version, raw=current.raw)
         self._observe(await self._api.update_lease(self.name, record, deadline_s=deadline_s))
         return True
 
@@ -259,9 +294,9 @@ class LeaseElector:
 
     def _observe(self, record: LeaseRecord) -> None:
         before = self._observed
-        if before == record:
+        self._observed = record  # its resourceVersion and metadata are the latest
+        if before is not None and before.spec == record.spec:
             return
-        self._observed = record
         self._observed_at = self._clock.monotonic()
         if before is not None and before.holder != record.holder:
             self._observer.holder_changed()
@@ -271,19 +306,34 @@ class LeaseElector:
         if self._observed is None or self._observed.holder != self.identity:
             return
         self._step_down()
-        now = micro_time(self._clock.wall())
-        record = replace(
-            self._observed,
-            holder="",
-            lease_duration_s=1,
-            renew_time=now,
-            acquire_time=now,
-        )
         timeout = self.config.attempt_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                self._observe(await self._api.update_lease(self.name, record, deadline_s=timeout))
+                released = await self._release(timeout)
         except (TimeoutError, ApiError) as exc:
             log.warning("lease=%s not released (%s); it expires on its own", self.name, exc)
             return
-        log.info("released lease=%s", self.name)
+        if released:
+            log.info("released lease=%s", self.name)
+
+    async def _release(self, deadline_s: float) -> bool:
+        """Write the cleared record; on a 409 read the Lease back and, while it still
+        names this replica (its own renewal landed first), clear it from that record."""
+        while True:
+            observed = self._observed
+            if observed is None or observed.holder != self.identity:
+                return False  # someone else holds it now: nothing of ours to release
+            now = micro_time(self._clock.wall())
+            record = replace(
+                observed, holder="", lease_duration_s=1, renew_time=now, acquire_time=now
+            )
+            try:
+                written = await self._api.update_lease(self.name, record, deadline_s=deadline_s)
+            except Conflict:
+                current = await self._api.get_lease(self.name, deadline_s=deadline_s)
+                if current is None:
+                    return False
+                self._observe(current)
+                continue
+            self._observe(written)
+            return True

@@ -9,6 +9,7 @@ prints them without loading the ``kubernetes`` package.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -81,22 +82,29 @@ def lease_record(obj: Mapping[str, Any]) -> LeaseRecord:
         renew_time=spec.get("renewTime") or None,
         transitions=transitions if isinstance(transitions, int) else 0,
         resource_version=str(metadata.get("resourceVersion") or ""),
+        raw=obj,
     )
 
 
 def lease_body(name: str, namespace: str, record: LeaseRecord) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    """The Lease to create or PUT: the object as read (labels, annotations, owner
+    references, finalizers, spec fields such as ``preferredHolder`` kept), with the
+    election's fields and the resourceVersion the write is conditional on."""
+    body: dict[str, Any] = copy.deepcopy(dict(record.raw)) if record.raw else {}
+    body["apiVersion"] = "coordination.k8s.io/v1"
+    body["kind"] = "Lease"
+    metadata = body.setdefault("metadata", {})
+    metadata["name"], metadata["namespace"] = name, namespace
+    metadata.pop("resourceVersion", None)
     if record.resource_version:
         metadata["resourceVersion"] = record.resource_version
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": metadata,
-        "spec": {
+    body.setdefault("spec", {}).update(
+        {
             "holderIdentity": record.holder,
             "leaseDurationSeconds": record.lease_duration_s,
             "acquireTime": record.acquire_time,
             "renewTime": record.renew_time,
             "leaseTransitions": record.transitions,
-        },
-    }
+        }
+    )
+    return body

@@ -375,7 +375,9 @@ class _Running:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._elector_task
         if controller.elector is not None:
-            await controller.elector.release()  # only now: no write of ours is in flight
+            # Only now: no condition write or Event is in flight (a renewal may be: the
+            # release reads the Lease back if that lands first).
+            await controller.elector.release()
         await controller.followers.close()
         controller.discovery.close()
         controller.tracker.close()

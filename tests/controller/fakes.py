@@ -174,6 +174,9 @@ class LeaseClient:
     # Run once just before this client's next create or update lands (another
     # replica's write getting there first).
     before_write: Callable[[], None] | None = None
+    # A write lands at once but its answer takes this long: cancelling the caller
+    # meanwhile does not undo it (the real client's request runs on a thread).
+    slow_answer_s: float = 0.0
 
     async def _enter(self, verb: str, deadline_s: float) -> None:
         self.calls.append((verb, asyncio.get_running_loop().time(), deadline_s))
@@ -207,7 +210,10 @@ class LeaseClient:
             raise NotFound(f"leases {name!r} not found", status=404)
         if record.resource_version != current.resource_version:
             raise Conflict("the object has been modified", status=409)
-        return self.store.save(self.who, name, record)
+        stored = self.store.save(self.who, name, record)
+        if self.slow_answer_s:
+            await asyncio.sleep(self.slow_answer_s)
+        return stored
 
     def _race(self) -> None:
         hook, self.before_write = self.before_write, None
