@@ -23,3 +23,13 @@ class Conflict(ApiError):
 
 class NotFound(ApiError):
     """404: the object does not exist."""
+
+
+# What the chart's fencing policy says when it refuses a write (its messages start so).
+FENCING_MARK = "capwatch fencing"
+
+
+class FencedOut(ApiError):
+    """403 from the API server's fencing policy: this replica does not hold its shard's
+    Lease (charts/capwatch/templates/controller-fencing.yaml). A lost lease, not an
+    error to retry."""

@@ -36,7 +36,7 @@ import urllib3.exceptions
 
 from agent.kube.wire import ApiStatusError, retry_after_seconds
 from controller.conditions import CONDITION_TYPE, NodeCondition
-from controller.errors import ApiError, Conflict, NotFound
+from controller.errors import FENCING_MARK, ApiError, Conflict, FencedOut, NotFound
 from controller.leasing import LeaseRecord
 from controller.objects import condition_patch, lease_body, lease_record, rfc3339
 from controller.writes.recorder import NodeEvent
@@ -271,6 +271,8 @@ class KubeApi:
             raise NotFound(message, status=status)
         if status == 409:
             raise Conflict(message, status=status)
+        if status == 403 and FENCING_MARK in message:
+            raise FencedOut(message, status=status)
         raise ApiError(message, status=status, retry_after=retry_after_seconds(response.headers))
 
 

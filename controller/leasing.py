@@ -43,6 +43,7 @@ compares wall clocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -63,6 +64,10 @@ JITTER_FACTOR = 1.2  # client-go's: a follower retries after retry_s * (1 + [0, 
 class Fence(Protocol):
     def write_budget(self) -> float:
         """Seconds a write may take from now (0: this replica must not write)."""
+
+    def lost(self, why: str) -> None:
+        """The API server refused a write because this replica does not hold the Lease
+        (its fencing policy): stop writing at once, as if the lease were lost."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,12 +134,17 @@ class LeaseObserver(Protocol):
 
     def holder_changed(self) -> None: ...
 
+    def fenced_out(self) -> None: ...
+
 
 class _NoObserver:
     def leading(self, leading: bool) -> None:
         pass
 
     def holder_changed(self) -> None:
+        pass
+
+    def fenced_out(self) -> None:
         pass
 
 
@@ -171,6 +181,7 @@ class LeaseElector:
         self._observed_at = 0.0  # monotonic instant the observed record last changed
         self._renewed_at: float | None = None  # start of the last successful acquire/renew
         self._leading = False
+        self._fenced_out = asyncio.Event()  # the API server refused a write of ours
 
     @property
     def leading(self) -> bool:
@@ -180,6 +191,16 @@ class LeaseElector:
     def holder(self) -> str:
         """The holder this replica last saw ("" when none)."""
         return "" if self._observed is None else self._observed.holder
+
+    def lost(self, why: str) -> None:
+        """The API server's fencing policy refused a write: step down now (no further
+        write starts) and campaign again; the Lease says who holds it."""
+        if not self._leading:
+            return
+        log.warning("lost lease=%s: the API server refused a write: %s", self.name, why)
+        self._observer.fenced_out()
+        self._step_down()
+        self._fenced_out.set()
 
     def write_budget(self) -> float:
         """Seconds a write may take from now; 0 unless this replica leads, fenced."""
@@ -207,8 +228,15 @@ class LeaseElector:
         self.on_started()
 
     async def _lead(self) -> None:
+        self._fenced_out.clear()
         while True:
-            await asyncio.sleep(self.config.retry_s)
+            with contextlib.suppress(TimeoutError):
+                # Between renewals; a refusal by the API server ends the term at once.
+                async with asyncio.timeout(self.config.retry_s):
+                    await self._fenced_out.wait()
+            if self._fenced_out.is_set():
+                await asyncio.sleep(self.config.retry_s)  # then campaign like any follower
+                return
             # Retry within the renew deadline; give up leadership when it passes.
             while not await self._try():
                 if not self._leading:  # someone else holds it now

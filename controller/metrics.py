@@ -25,8 +25,8 @@ from server.http.exposition import ScrapeCollector
 # Detection within a cycle's delivery is milliseconds; a write retried after
 # API errors can take seconds to a minute.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
-WRITE_RESULTS = ("ok", "failed", "fenced", "not_found")
-EVENT_RESULTS = ("posted", "failed", "deduplicated", "fenced")
+WRITE_RESULTS = ("ok", "failed", "fenced", "refused", "not_found")
+EVENT_RESULTS = ("posted", "failed", "deduplicated", "fenced", "refused")
 
 
 class ControllerMetrics:
@@ -49,7 +49,8 @@ class ControllerMetrics:
         self._shard = str(shard)
         self._writes = Counter(
             "capwatch_controller_condition_writes",
-            "Node condition writes, by result (fenced: this replica did not hold its Lease).",
+            "Node condition writes, by result (fenced: held back, this replica did not hold "
+            "its Lease; refused: the API server's fencing policy said so).",
             ["result"],
             registry=r,
         )
@@ -65,6 +66,13 @@ class ControllerMetrics:
             ["shard"],
             registry=r,
         )
+        self._fenced_out = Counter(
+            "capwatch_controller_lease_refusals",
+            "Times this replica stepped down because the API server's fencing policy "
+            "refused one of its writes (it did not hold the shard's Lease).",
+            ["shard"],
+            registry=r,
+        )
         self._latency = Histogram(
             "capwatch_controller_detection_latency_seconds",
             "From the end of the agent cycle that changed a node's condition to its write.",
@@ -76,6 +84,7 @@ class ControllerMetrics:
         for result in EVENT_RESULTS:
             self._events.labels(result=result)
         self._transitions.labels(shard=self._shard)
+        self._fenced_out.labels(shard=self._shard)
         r.register(
             _Scrape(
                 states=states,
@@ -105,6 +114,9 @@ class ControllerMetrics:
 
     def holder_changed(self) -> None:
         self._transitions.labels(shard=self._shard).inc()
+
+    def fenced_out(self) -> None:
+        self._fenced_out.labels(shard=self._shard).inc()
 
 
 class _Scrape(ScrapeCollector):

@@ -176,11 +176,19 @@ _OPTIONS = (
         help="this pod's name (the StatefulSet ordinal, and the Lease identity)",
     ),
     Option(
+        flag="--pod-uid",
+        env="POD_UID",
+        default="",
+        convert=_text,
+        help="this pod's UID (with --pod-name, the Lease identity the fencing policy checks)",
+    ),
+    Option(
         flag="--identity",
         env="CAPWATCH_CONTROLLER_IDENTITY",
         default="",
         convert=_text,
-        help="the Lease holder identity; default: pod name (or host name) and a random suffix",
+        help="the Lease holder identity; default: <pod name>_<pod uid> (what the chart's "
+        "fencing policy compares with the token's pod), else the host name and a random suffix",
     ),
     Option(
         flag="--lease-duration",
@@ -317,7 +325,7 @@ def controller_settings(
         gpu_node_selector=values["gpu_node_selector"],
         shards=shards,
         shard_index=index,
-        identity=values["identity"] or f"{pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        identity=values["identity"] or _identity(pod_name, values["pod_uid"]),
         lease=lease,
         condition_heartbeat_s=values["condition_heartbeat"],
         grpc_listen=values["grpc_listen"],
@@ -354,3 +362,12 @@ def _agent_tls(values: Mapping[str, object]) -> AgentTls | None:
         key=key if isinstance(key, Path) else None,
         server_name=str(name) or None,
     )
+
+
+def _identity(pod_name: str, pod_uid: str) -> str:
+    """``<pod name>_<pod uid>``: one per pod incarnation, and what a pod-bound token
+    tells the API server (its fencing policy compares the two). Outside a pod, the host
+    name and a random suffix."""
+    if pod_name and pod_uid:
+        return f"{pod_name}_{pod_uid}"
+    return f"{pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}"

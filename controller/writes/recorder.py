@@ -23,7 +23,7 @@ from enum import Enum
 from typing import Protocol
 
 from controller.conditions import Condition, ConditionStatus, NodeCondition
-from controller.errors import ApiError
+from controller.errors import ApiError, FencedOut
 from controller.leasing import Fence
 from kit.clock import Clock
 
@@ -105,6 +105,10 @@ class EventRecorder:
         )
         try:
             await self._api.create_event(event, deadline_s=min(REQUEST_TIMEOUT_S, budget))
+        except FencedOut as exc:
+            self._observer.event(result="refused")
+            self._fence.lost(str(exc))
+            return
         except ApiError as exc:
             log.warning("event on node=%s not posted: %s", node, exc)
             self._observer.event(result="failed")

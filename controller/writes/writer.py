@@ -39,7 +39,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from controller.conditions import AgentLink, Condition, NodeCondition
-from controller.errors import ApiError, NotFound
+from controller.errors import ApiError, FencedOut, NotFound
 from controller.leasing import Fence
 from controller.tracking import NodeState
 from controller.writes.recorder import EventRecorder
@@ -243,6 +243,13 @@ class ConditionWriter:
             await self._api.patch_condition(
                 node, payload, deadline_s=min(REQUEST_TIMEOUT_S, budget)
             )
+        except FencedOut as exc:
+            # Not ours to write: the Lease is someone else's. Held like a fenced write,
+            # written again once this replica leads (resume()).
+            self._observer.written(result="refused", latency_s=None)
+            self._held.add(node)
+            self._fence.lost(str(exc))
+            return
         except NotFound:
             log.info("node=%s is gone; not writing its condition", node)
             self._observer.written(result="not_found", latency_s=None)

@@ -4,6 +4,7 @@ the RBAC rules the controller calls for, and the real controller settings."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,9 +92,18 @@ def _flag(container: Mapping[str, Any], flag: str) -> str:
     return value
 
 
+def pod_uid(pod_name: str) -> str:
+    """A stand-in for the UID the API server gives pod ``pod_name``."""
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, pod_name))
+
+
 def _env(container: Mapping[str, Any], pod_name: str) -> dict[str, str]:
     """The container's environment as the kubelet fills it in for pod ``pod_name``."""
-    fields = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE}
+    fields = {
+        "metadata.name": pod_name,
+        "metadata.namespace": NAMESPACE,
+        "metadata.uid": pod_uid(pod_name),
+    }
     env = {}
     for var in container.get("env", []):
         if "valueFrom" in var:

@@ -39,13 +39,19 @@ class RecordingListener:
 
 
 class ManualFence:
-    """A Fence whose budget the test sets (0: fenced)."""
+    """A Fence whose budget the test sets (0: fenced); a refusal by the API server's
+    fencing policy closes it, as a lost lease does."""
 
     def __init__(self, budget: float = 10.0) -> None:
         self.budget = budget
+        self.losses: list[str] = []
 
     def write_budget(self) -> float:
         return self.budget
+
+    def lost(self, why: str) -> None:
+        self.losses.append(why)
+        self.budget = 0.0
 
 
 # --- conditions and Events ------------------------------------------------------------------

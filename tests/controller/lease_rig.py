@@ -34,6 +34,7 @@ class Replica:
         self.stopped: list[float] = []
         self.leading_calls: list[bool] = []
         self.holder_changes = 0
+        self.fenced_outs = 0
         self.elector = LeaseElector(
             api=self.api,
             name=NAME,
@@ -53,6 +54,9 @@ class Replica:
 
     def holder_changed(self) -> None:
         self.holder_changes += 1
+
+    def fenced_out(self) -> None:
+        self.fenced_outs += 1
 
     def start(self) -> Replica:
         self.task = asyncio.create_task(self.elector.run(), name=f"elector-{self.elector.identity}")

@@ -98,3 +98,24 @@ async def test_a_deleted_lease_is_not_recreated_while_the_last_holder_may_write(
     assert budgets_when_b_led == [0.0]
     assert not a.elector.leading
     await shutdown(a, b)
+
+
+@pytest.mark.asyncio
+async def test_a_refusal_by_the_api_server_ends_the_term_at_once() -> None:
+    """The API server refused a write (fencing policy: this replica is not the holder its
+    elector believes it is): it stops leading at once, without waiting out the renew
+    deadline, counts the refusal, and campaigns again like any follower, leading again
+    if the Lease still names it."""
+    store = LeaseStore()
+    a = Replica(store, "a").start()
+    await settle()
+    assert a.elector.leading
+    a.elector.lost("capwatch fencing: a does not hold Lease capwatch-controller-0")
+    assert not a.elector.leading
+    assert a.elector.write_budget() == 0.0
+    assert a.stopped == [a.clock.monotonic()]
+    assert a.fenced_outs == 1
+    await asyncio.sleep(CONFIG.retry_s + MAX_RETRY_S + 0.1)
+    assert a.elector.leading  # the Lease still named it: it renewed, and leads again
+    assert len(a.started) == 2
+    await shutdown(a)

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from controller.errors import ApiError
+from controller.errors import ApiError, FencedOut
 from controller.writes.writer import (
     REQUEST_TIMEOUT_S,
 )
@@ -211,3 +211,37 @@ async def test_stop_drops_pending_retries() -> None:
     await rig.writer.stop()
     await asyncio.sleep(60)
     assert len(rig.api.attempts) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_write_the_fencing_policy_refuses_is_a_lost_lease_not_a_retry() -> None:
+    """A 403 from the API server's fencing policy stops the writer as a lost lease does:
+    the fence is told (it steps down), the node is held, not retried on a backoff, and
+    it is written once the replica leads again (resume)."""
+    rig = Rig()
+    rig.api.failures[NODE] = [FencedOut("capwatch fencing: not the holder", status=403)]
+    rig.change(WRITE_FAILED)
+    await settle()
+    assert rig.fence.losses == ["capwatch fencing: not the holder"]
+    assert rig.observer.count("refused") == 1
+    await asyncio.sleep(300)  # no retry while not leading
+    assert len(rig.api.attempts) == 1
+    rig.fence.budget = 10.0
+    rig.writer.resume()
+    await settle()
+    assert rig.keys() == [key(WRITE_FAILED)]
+    await rig.writer.stop()
+
+
+@pytest.mark.asyncio
+async def test_an_event_the_fencing_policy_refuses_closes_the_fence() -> None:
+    """An Event refused by the fencing policy is counted as refused and tells the fence;
+    the condition written before it stays written."""
+    rig = Rig()
+    rig.events.failures = [FencedOut("capwatch fencing: not the holder", status=403)]
+    rig.change(WRITE_FAILED)
+    await settle()
+    assert rig.keys() == [key(WRITE_FAILED)]
+    assert rig.events.said() == []
+    assert rig.fence.losses == ["capwatch fencing: not the holder"]
+    await rig.writer.stop()

@@ -77,6 +77,7 @@ class ApiAccess:
         token: str | None = None,
         timeout: float = 10.0,
         base: str | None = None,
+        content_type: str = "application/json",
     ) -> str:
         """One request, as admin unless a bearer token is given; the body as text.
 
@@ -87,7 +88,7 @@ class ApiAccess:
         request = urllib.request.Request((base or self.url) + path, data=data, method=method)  # noqa: S310 - https to our own loopback server
         request.add_header("Accept", "application/json, */*")
         if data is not None:
-            request.add_header("Content-Type", "application/json")
+            request.add_header("Content-Type", content_type)
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
         context = self._context(None if token is not None else self.pki.admin)
