@@ -98,6 +98,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/fanout.py --json bench/results/fanout.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/readyz.py --json bench/results/readyz.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/crash.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/events.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/controller.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --json bench/results/cluster.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cap_series.py

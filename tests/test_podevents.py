@@ -160,15 +160,18 @@ def test_event_body_is_a_core_v1_event_on_the_pod() -> None:
 
 
 class Collecting:
-    """A sink that keeps what it is given; ``gate`` (when set) holds every post."""
+    """A sink that keeps what it is given; ``gate`` (when given) holds every post until it
+    is set, for ``hold_s`` at most."""
 
-    def __init__(self, gate: threading.Event | None = None, fail: bool = False) -> None:
+    def __init__(
+        self, gate: threading.Event | None = None, fail: bool = False, hold_s: float = 5
+    ) -> None:
         self.posted: list[PodEvent] = []
-        self.gate, self.fail = gate, fail
+        self.gate, self.fail, self.hold_s = gate, fail, hold_s
 
     def post(self, event: PodEvent) -> None:
         if self.gate is not None:
-            self.gate.wait(5)
+            self.gate.wait(self.hold_s)
         if self.fail:
             raise EventSinkError("refused")
         self.posted.append(event)
@@ -222,13 +225,15 @@ def test_an_event_is_posted_when_what_it_says_changes_not_every_cycle() -> None:
 def test_a_full_queue_drops_events_and_never_blocks_the_caller() -> None:
     """With the sink stuck, observing goes on at once and counts what it dropped."""
     gate = threading.Event()
-    events = PodEvents(Collecting(gate), annotation_key=KEY, queue_size=2)
+    events = PodEvents(Collecting(gate, hold_s=60), annotation_key=KEY, queue_size=2)
     try:
         started = time.monotonic()
         for i in range(10):  # ten different stories for ten pods
             pod = PodRef(namespace="ml", name=f"p{i}", uid=f"uid-{i}")
             events.observe(report(i + 1, dataclasses.replace(CAPPED, owners=(pod,))))
-        assert time.monotonic() - started < 0.5
+        # A hang guard, not a speed claim: the sink holds each post for a minute, so a
+        # caller that waited for room in the queue would be held that long.
+        assert time.monotonic() - started < 10
         assert events.dropped >= 7  # one in the sink's hands, two queued
     finally:
         gate.set()

@@ -46,6 +46,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._jumping.now
 
+    def spend(self, seconds: float) -> None:
+        """Hold the loop for ``seconds`` of its time, as a blocking call on it would."""
+        self._jumping.now += seconds
+
 
 class LoopClock:
     """A Clock on the running loop's time: ``monotonic`` is ``loop.time()``, ``wall`` the

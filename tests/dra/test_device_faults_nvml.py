@@ -249,23 +249,25 @@ async def test_a_gpu_that_errors_on_every_read_is_named_not_faulted(node: Node):
     assert {m[0] for m in mirrors.values()} == {"HEALTHY"}
 
 
-async def test_a_flood_of_xids_is_one_fault_and_cycles_stay_on_time(node: Node):
-    """10,000 XID 79 events reach the tracker as one fault with their count; the cycles
-    that drain them take as long as the others (no per-event work on the cycle), and the
+async def test_a_flood_of_xids_is_one_fault_drained_as_one_entry(node: Node):
+    """10,000 XID 79 events reach the tracker as one fault with their count; each cycle
+    that drains some gets them as one entry with a count (no per-event work on the
+    cycle: what a drain and a cycle cost with a flood is bench/events.py's), and the
     other GPUs are untouched."""
     await node.cycle()
     node.fake.queue_xid(FAULTY, 79, count=10_000)
     seen = 0
-    durations = []
+    entries = []
     deadline = time.monotonic() + 10
     while seen < 10_000 and time.monotonic() < deadline:
         await node.cycle()  # every reader read after every cycle
         assert node.last_report is not None
-        durations.append(node.last_report.duration_s)
-        seen += sum(e.count for e in node.last_report.events)
+        events = node.last_report.events
+        entries.append([(e.index, e.code) for e in events])
+        seen += sum(e.count for e in events)
         await asyncio.sleep(0.05)
     assert seen == 10_000
+    assert all(cycle in ([], [(FAULTY, 79)]) for cycle in entries), entries
     device, mirrors = await node.cycle()
     assert [(f.code, f.count) for f in device.faults] == [(79, 10_000)]
-    assert max(durations) < 0.5, durations  # a cycle on 3 idle GPUs is a few ms
     assert {m[0] for m in mirrors.values()} == {"UNHEALTHY"}

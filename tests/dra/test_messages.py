@@ -23,8 +23,8 @@ from tests.server.harness import ServerHarness, failed, idle, ok, released
 
 pytestmark = pytest.mark.asyncio
 
-QUIET = 2.0  # no re-send interleaves with a test's steps
-PROMPT = 0.5
+QUIET = 30.0  # no re-send interleaves with a test's steps
+PROMPT = 5.0  # a hang guard: the list a cycle causes comes long before the next re-send
 
 
 async def _after(

@@ -22,8 +22,10 @@ from tests.server.harness import NODE, UUIDS, failed, idle, ok, released, settin
 
 pytestmark = pytest.mark.asyncio
 
-QUIET = 2.0  # an interval long enough that no re-send interleaves with a test's steps
-PROMPT = 0.5  # a cycle's list must arrive well before the next re-send would
+QUIET = 30.0  # an interval long enough that no re-send interleaves with a test's steps
+# A cycle's list must arrive well before the next re-send would (30 s): a read timeout
+# that only guards against a hang, never a bound a loaded machine can reach.
+PROMPT = 5.0
 
 
 def _all(health: str) -> list[str]:
@@ -79,21 +81,22 @@ async def test_every_cycle_sends_a_new_full_list(
 async def test_list_is_resent_within_the_timeout_when_nothing_happens(
     serve: Serve, kubelet: dict[str, KubeletApi], version: str
 ) -> None:
-    """With no cycle published, the same list is re-sent every interval (plus a
-    little scheduling slack), far inside health_check_timeout_seconds = ceil(3 x interval),
-    so the kubelet never expires a device of a live agent."""
-    interval = 0.2
+    """With no cycle published, the same list is re-sent every interval (plus
+    scheduling slack), inside health_check_timeout_seconds = ceil(3 x interval), so the
+    kubelet never expires a device of a live agent."""
+    interval = 0.5
     harness = await serve(interval_s=interval)
     api = kubelet[version]
     async with harness.channel() as channel:
         stream = KubeletStream(channel, api, interval_s=interval)
-        received = [await stream.read() for _ in range(5)]
+        received = [await stream.read() for _ in range(4)]
     gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(received)]
-    # Slack for a loaded 2-core CI machine; still far inside the kubelet's timeout.
-    assert all(interval * 0.5 <= gap <= interval + 0.3 for gap in gaps), gaps
     timeout = received[0].response.devices[0].health_check_timeout_seconds
     assert timeout == math.ceil(3 * interval)
-    assert max(gaps) < timeout / 2
+    # The kubelet's expiry runs on real time, so this stays a wall-clock bound, but a
+    # whole second of slack (a loaded 2-core machine) is still inside its 2 s timeout.
+    assert all(interval * 0.5 <= gap <= interval + 1.0 for gap in gaps), gaps
+    assert max(gaps) < timeout
     assert len({r.response.SerializeToString(deterministic=True) for r in received}) == 1
 
 
@@ -124,14 +127,18 @@ async def test_every_gpu_turns_unknown_when_no_cycle_completes_within_the_bound(
         report = harness.publish(gpus, abort=abort)
         fresh = await stream.read(timeout=PROMPT)
         assert fresh.health(api) == before
+        # A hang guard: without the staleness rule the last cycle's health would be
+        # re-sent for ever.
         seen = await stream.read_until(
-            lambda r: all("staleness" in m for m in r.messages), timeout=bound + 1.0
+            lambda r: all("staleness" in m for m in r.messages), timeout=bound + 10.0
         )
         stale = seen[-1]
         assert stale.health(api) == _all("UNKNOWN")
         assert all(r.health(api) == before for r in seen[:-1])
         age = stale.at - report.finished_monotonic
-        assert bound <= age <= bound + interval + 0.6, age
+        # Not before the bound; after it, on a re-send (every 0.1 s): the upper bound, at
+        # 20 intervals, says it came on one of them rather than bounding how soon.
+        assert bound <= age <= bound + 20 * interval, age
         assert stale.messages[0] not in fresh.messages
         harness.publish()
         recovered = await stream.read_until(

@@ -123,17 +123,23 @@ def test_events_for_several_devices(fake_nvml: FakeNvml, four_gpus: NvmlBackend)
     }
 
 
-def test_close_stops_the_thread_within_a_second(fake_nvml: FakeNvml) -> None:
-    """With the production wait (500 ms), close() stops the named event thread, frees the
-    set and shuts NVML down in under a second."""
+def test_close_stops_the_thread_within_its_join_window(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the production wait (500 ms), close() stops the named event thread within the
+    window it joins it for (one wait and half a second: it never has to say the thread did
+    not stop in time), frees the set and shuts NVML down."""
     backend = NvmlBackend.open()
     until(lambda: fake_nvml.event_waiters() == 1)
     assert len(event_threads()) == 1
     assert event_threads()[0].daemon
     start = time.monotonic()
-    backend.close()
-    elapsed = time.monotonic() - start
-    assert elapsed < 1.0, f"close took {elapsed:.3f} s"
+    with caplog.at_level(logging.WARNING, logger="agent.nvml.event_watch"):
+        backend.close()
+    # A hang guard only: close() bounds its own join, and the warning below says
+    # whether the thread stopped within it.
+    assert time.monotonic() - start < 10
+    assert "did not stop in time" not in caplog.text
     assert event_threads() == []
     assert fake_nvml.event_waiters() == 0
     assert fake_nvml.event_sets() == 0
@@ -142,36 +148,32 @@ def test_close_stops_the_thread_within_a_second(fake_nvml: FakeNvml) -> None:
 
 def test_flood_is_one_entry_and_drains_fast(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:
     """10,000 XIDs of one code between drains are one entry with the full count, never
-    10,000 objects, and draining it is quick."""
+    10,000 objects (what such a drain costs against a drain of one event is measured by
+    bench/events.py, not here)."""
     assert fake_nvml.queue_xid(0, 31, count=10_000) == 10_000
     delivered(fake_nvml, timeout=30)
-    start = time.perf_counter()
     events = nvml_backend.drain_events()
-    drained_in = time.perf_counter() - start
     events += nvml_backend.drain_events()
     assert [(e.kind, e.index, e.code) for e in events] == [(XID, 0, 31)] * len(events)
     assert sum(e.count for e in events) == 10_000
     assert len(events) <= 2  # at most one per drain
-    assert drained_in < 0.01
 
 
 def test_distinct_codes_stay_within_the_key_bound(
     fake_nvml: FakeNvml, nvml_backend: NvmlBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
     """More distinct codes than the accumulator keeps between two drains: it holds
-    EVENT_KEYS_LIMIT entries, says how many it dropped, and the drain stays fast."""
+    EVENT_KEYS_LIMIT entries and says how many it dropped (what a drain of a full
+    accumulator costs is measured by bench/events.py, not here)."""
     extra = 200
     for code in range(EVENT_KEYS_LIMIT + extra):
         fake_nvml.queue_xid(1, code)
     delivered(fake_nvml, timeout=30)
     with caplog.at_level(logging.WARNING, logger="agent.health.telemetry"):
-        start = time.perf_counter()
         events = nvml_backend.drain_events()
-        drained_in = time.perf_counter() - start
     assert len(events) == EVENT_KEYS_LIMIT
     assert {e.code for e in events} == set(range(EVENT_KEYS_LIMIT))
     assert f"dropped={extra}" in caplog.text
-    assert drained_in < 0.05
 
 
 def test_thread_survives_wait_errors(
@@ -180,8 +182,15 @@ def test_thread_survives_wait_errors(
     """Failing waits (unknown error, GPU lost) are logged, rate-limited, and the thread
     goes on delivering events afterwards."""
     with caplog.at_level(logging.WARNING, logger="agent.nvml.event_watch"):
+        before = fake_nvml.call_count("nvmlEventSetWait")
         fake_nvml.inject("nvmlEventSetWait", None, "NVML_ERROR_UNKNOWN", times=2)
         fake_nvml.inject("nvmlEventSetWait", None, "NVML_ERROR_GPU_IS_LOST", times=1)
+        # The wait in progress when the faults went in entered before them: an event
+        # queued now could wake it and be collected before any wait failed. So the
+        # event is queued only once the three failing waits have run and a fourth
+        # (after their back-off) is blocked.
+        until(lambda: fake_nvml.call_count("nvmlEventSetWait") - before >= 4)
+        until(lambda: fake_nvml.event_waiters() == 1)
         fake_nvml.queue_xid(0, 62)
         assert collect(nvml_backend, 1) == {(XID, 0, DEFAULT_UUIDS[0], 62): 1}
     warnings = [r for r in caplog.records if "event wait failed" in r.getMessage()]
@@ -190,7 +199,7 @@ def test_thread_survives_wait_errors(
     assert len(event_threads()) == 1
 
 
-def test_wait_errors_never_spin(fake_nvml: FakeNvml) -> None:
+def test_wait_errors_never_spin(fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture) -> None:
     """A wait failing every time is retried with back-off (a handful of calls per second,
     not thousands), close() still returns promptly, and events flow once it recovers."""
     backend = NvmlBackend.open(event_wait_ms=20)
@@ -207,8 +216,12 @@ def test_wait_errors_never_spin(fake_nvml: FakeNvml) -> None:
         time.sleep(0.3)  # now backing off
     finally:
         start = time.monotonic()
-        backend.close()
-    assert time.monotonic() - start < 1.0
+        with caplog.at_level(logging.WARNING, logger="agent.nvml.event_watch"):
+            backend.close()
+    # close() interrupts the back-off: the thread stops within the join window (no
+    # warning that it did not); the time is only a hang guard.
+    assert time.monotonic() - start < 10
+    assert "did not stop in time" not in caplog.text
     assert event_threads() == []
 
 

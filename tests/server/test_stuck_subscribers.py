@@ -1,9 +1,13 @@
-"""Subscribers that stop reading cost the publishing loop nothing and never queue without bound."""
+"""Subscribers that stop reading are sent almost nothing and never queue without bound.
+
+What they cost the publishing cycle in time is a benchmark's, not a unit test's:
+bench/stream.py's cycle-cost part times the real cycle with 1,000 frozen and 1,000
+never-reading subscribers against phases without any, in the same run.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import grpc
@@ -46,15 +50,11 @@ def big_cycle() -> list[GpuResult]:
     ]
 
 
-async def publish_timed(harness: ServerHarness, gpus: list[GpuResult]) -> float:
-    """Seconds spent inside publish for CYCLES cycles; the loop runs the streams in between."""
-    spent = 0.0
+async def publish_cycles(harness: ServerHarness, gpus: list[GpuResult]) -> None:
+    """Publish CYCLES cycles; the loop runs the streams in between."""
     for _ in range(CYCLES):
-        started = time.perf_counter()
         harness.publish(gpus)
-        spent += time.perf_counter() - started
         await asyncio.sleep(0)
-    return spent
 
 
 async def follow(stream: Any, last: int) -> int:
@@ -76,11 +76,12 @@ async def follow(stream: Any, last: int) -> int:
 
 
 async def test_stuck_subscribers_neither_slow_publishing_nor_queue_without_bound() -> None:
-    """50 streams that never read: publish stays O(1), a reader keeps up, the stuck resync later."""
+    """50 streams that never read: they are sent a few messages each over 200 cycles (no
+    per-cycle work for them), a reader keeps up, and the stuck resync later."""
     gpus = big_cycle()
     # Heartbeats at the 5 s interval: none during the test, so every message is counted.
     async with running(interval_s=5.0) as harness:
-        alone_s = await publish_timed(harness, gpus)
+        await publish_cycles(harness, gpus)
         assert harness.publication.messages_sent == 0
 
         stuck_channel = grpc.aio.insecure_channel(harness.target, options=STUCK_OPTIONS)
@@ -98,15 +99,13 @@ async def test_stuck_subscribers_neither_slow_publishing_nor_queue_without_bound
 
         await eventually(subscribed)
         reader = asyncio.create_task(follow(healthy, 2 * CYCLES))
-        crowded_s = await publish_timed(harness, gpus)
+        await publish_cycles(harness, gpus)
         healthy_received = await reader
 
         # The stuck really are stuck: a few messages each (their ~50 KB snapshot fills
         # the window), where a reader is sent something for every cycle.
         stuck_sent = harness.publication.messages_sent - healthy_received
         assert STUCK <= stuck_sent <= STUCK * 4, f"{stuck_sent} messages to streams that never read"
-        assert crowded_s < 1.0
-        assert crowded_s < 5 * alone_s, f"publish took {crowded_s:.3f}s vs {alone_s:.3f}s alone"
 
         # A stuck stream that reads again gets what was in flight, at most one ring of
         # stale cycles, then a resync snapshot of now: no backlog of 200 cycles.
