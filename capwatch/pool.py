@@ -65,7 +65,7 @@ STREAMS_PER_NODE = 16
 @dataclass(frozen=True, kw_only=True)
 class PoolCommand:
     pool: PoolSettings
-    listen: str
+    listen: tuple[str, ...]  # every node is served on each
     targets_out: Path | None
     transitions_out: Path | None
     log_level: str
@@ -156,14 +156,17 @@ _OPTIONS = (
         env="CAPWATCH_POOL_GRPC_LISTEN",
         default="127.0.0.1:50051",
         convert=_listen,
-        help="where every node is served",
+        repeatable=True,
+        help="where every node is served, repeatable (a node's own pod IP in a KWOK "
+        "cluster: any address, the Watch request's node_name selects the node)",
     ),
     Option(
         flag="--targets-out",
         env="CAPWATCH_POOL_TARGETS_OUT",
         default="",
         convert=optional_path,
-        help="write a 'NODE ADDRESS' targets file for capwatch controller --targets",
+        help="write a 'NODE ADDRESS' targets file for capwatch controller --targets "
+        "(every node at the first --grpc-listen)",
     ),
     Option(
         flag="--transitions-out",
@@ -186,6 +189,9 @@ def pool_command(namespace: argparse.Namespace, environ: Mapping[str, str]) -> P
     faults = tuple(
         parse_fault("--fault", text, slot=slot) for slot, text in enumerate(values["fault"])
     )
+    listen: tuple[str, ...] = values["grpc_listen"]
+    if len(set(listen)) != len(listen):
+        raise ConfigError("--grpc-listen", "the same address is given twice")
     names = node_names(values["nodes"], prefix=values["name_prefix"], first=values["first_index"])
     if len(last := names[-1]) > MAX_SUBDOMAIN:
         raise ConfigError(
@@ -202,7 +208,7 @@ def pool_command(namespace: argparse.Namespace, environ: Mapping[str, str]) -> P
             interval_s=values["interval"],
             faults=faults,
         ),
-        listen=values["grpc_listen"],
+        listen=listen,
         targets_out=values["targets_out"],
         transitions_out=values["transitions_out"],
         log_level=values["log_level"],
@@ -210,9 +216,9 @@ def pool_command(namespace: argparse.Namespace, environ: Mapping[str, str]) -> P
     )
 
 
-def pool_server_settings(listen: str) -> ServerSettings:
+def pool_server_settings(listen: tuple[str, ...]) -> ServerSettings:
     return ServerSettings(
-        listeners=(Listener(address=listen),),
+        listeners=tuple(Listener(address=address) for address in listen),
         tls=None,
         socket_group=None,
         dra_pool_name=None,

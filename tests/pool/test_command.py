@@ -115,3 +115,12 @@ def test_a_prefix_is_lowered_and_may_hold_dots_and_dashes(tmp_path: Path):
     add_pool_arguments(parser)
     command = pool_command(parser.parse_args(["--name-prefix", "GPU.rack-7-"]), {})
     assert command.pool.name_prefix == "gpu.rack-7-"
+
+
+def test_the_same_listen_address_twice_is_one_line_exit_2(capsys):
+    """--grpc-listen is repeatable; an address given twice is refused before anything
+    binds, in one line naming the flag."""
+    argv = ["pool", "--nodes", "2", "--log-level", "warning"]
+    assert main([*argv, "--grpc-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"], {}) == 2
+    err = capsys.readouterr().err
+    assert err == "capwatch pool: error: --grpc-listen: the same address is given twice\n"

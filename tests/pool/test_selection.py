@@ -62,7 +62,7 @@ async def serving(interval_s: float) -> AsyncIterator[PoolServer]:
     """Three nodes of two GPUs on a real server; no cycle yet."""
     clock = SystemClock()
     pool = Pool(PoolSettings(nodes=3, gpus=2, interval_s=interval_s), clock=clock)
-    settings = pool_server_settings("127.0.0.1:0")
+    settings = pool_server_settings(("127.0.0.1:0",))
     nodes = served_nodes(pool, clock=clock, namer=settings.device_namer())
     server = AgentServer(settings=settings, nodes=nodes)
     await server.start()
@@ -355,3 +355,28 @@ async def test_capwatch_watch_follows_a_pool_node_named_with_node(served: PoolSe
         rc = await watch(parsed("--target", target, "--json", "--count", "1"), out=out, err=err)
     assert rc == 1
     assert "INVALID_ARGUMENT" in err.getvalue()
+
+
+@pytest.mark.asyncio
+async def test_every_node_is_served_on_every_listen_address() -> None:
+    """A pool listening on several loopback addresses (each a node's own pod IP in a KWOK
+    cluster) serves any of its nodes on any of them: the request's node_name selects."""
+    clock = SystemClock()
+    pool = Pool(PoolSettings(nodes=3, gpus=2, interval_s=0.5), clock=clock)
+    settings = pool_server_settings(("127.0.0.1:0", "127.1.0.1:0", "127.1.0.2:0"))
+    nodes = served_nodes(pool, clock=clock, namer=settings.device_namer())
+    server = AgentServer(settings=settings, nodes=nodes)
+    await server.start()
+    try:
+        assert {a.rsplit(":", 1)[0] for a in server.addresses} == {
+            "127.0.0.1",
+            "127.1.0.1",
+            "127.1.0.2",
+        }
+        for address, name in zip(server.addresses, reversed(pool.names()), strict=True):
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = pb_grpc.NodeHealthServiceStub(channel)
+                first = await stub.Watch(pb.WatchRequest(node_name=name)).read()
+                assert first.snapshot.node_name == name
+    finally:
+        await server.stop()
