@@ -60,6 +60,7 @@ from bench.cluster_procs import (
     cpu_seconds,
     kubeconfig,
     rss_mib,
+    shape,
     start_api,
     start_controllers,
     start_pools,
@@ -133,9 +134,12 @@ def latencies(
     return down, up
 
 
+SHAPE = {"label": "one address per node"}  # set from the arguments; in every figure's line
+
+
 def line(what: str, value: str, target: str, met: bool | None) -> None:
     verdict = "" if met is None else ("met" if met else "MISSED")
-    print(f"  {what:<54} {value:>22}   target {target:<20} {verdict}")
+    print(f"  {what:<54} {value:>22}   target {target:<20} {verdict}  [{SHAPE['label']}]")
 
 
 @dataclass
@@ -163,7 +167,8 @@ async def start(run: Run) -> float:
     merged.write_text("".join(t.read_text() for t in targets))
     print(
         f"{a.nodes} nodes x {a.gpus} GPUs in {len(targets)} pools, {a.interval:g} s interval, "
-        f"ready {ready - started:.1f} s after start; {a.shards} controller shard(s)"
+        f"ready {ready - started:.1f} s after start; {a.shards} controller shard(s); "
+        f"shape: {shape(a)}"
     )
     start_controllers(run, merged, config)
     return ready
@@ -377,6 +382,7 @@ def report(
 
     return {
         "shards": a.shards,
+        "shape": "shared" if a.shared_addresses else "per_node",
         "subscribed_s": round(took, 2),
         "controllers": [
             {
@@ -415,11 +421,18 @@ def main(*, description: str = __doc__ or "", nodes: int = 5000, fail_at: float 
     parser.add_argument("--fail-for", type=float, default=30.0)
     parser.add_argument("--keep", type=Path, help="keep the logs and records in this directory")
     parser.add_argument(
+        "--shared-addresses",
+        action="store_true",
+        help="every node of a pool behind the pool's one address (not a real cluster's "
+        "shape: the controller's connections are shared); default: an address per node",
+    )
+    parser.add_argument(
         "--json",
         type=Path,
         help="also write the figures here (bench/plot.py), beside those of other --shards",
     )
     args = parser.parse_args()
+    SHAPE["label"] = shape(args)
     # Refused now, not after the run: a file that cannot take this run's figures.
     earlier = earlier_runs(args.json, args.nodes, args.shards)
     with tempfile.TemporaryDirectory(prefix="capwatch-cluster-bench-") as tmp:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.sim.poolspec import node_names
+
 PREFIX = "sim-node-"
 GPU_LABEL = "nvidia.com/gpu.present=true"
 CAPWATCH = (sys.executable, "-m", "capwatch.cli")
@@ -116,16 +118,36 @@ def api_writes(run: Run) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def node_address(index: int) -> str:
+    """Node ``index``'s own loopback address, as a pod IP would be: 127.16.0.1, 127.16.1.1,
+    ... (a /24 per node from 127.16.0.0/12, room for 4,096 x 256 nodes)."""
+    return f"127.{16 + index // 65_536}.{index // 256 % 256}.{index % 256 + 1}"
+
+
 def start_pools(run: Run) -> list[Path]:
+    """The pools; each writes a targets file. Per node (the default shape, a real
+    cluster's): every node at an address of its own, so the controller holds one
+    connection per node. Shared (``--shared-addresses``): every node of a pool behind
+    the pool's one address, the controller's connections shared by thousands of streams."""
     a = run.args
     per = -(-a.nodes // a.pools)
     fault = f"write_failed:{a.fail_fraction}@{a.fail_at}+{a.fail_for}"
     targets = []
+    port = free_port()
     for k in range(a.pools):
         first, count = k * per, min(per, a.nodes - k * per)
         if count <= 0:
             break
         out, trans = run.work / f"targets-{k}.txt", run.work / f"transitions-{k}.jsonl"
+        if a.shared_addresses:
+            listen = ["--grpc-listen", f"127.0.0.1:{free_port()}", "--targets-out", str(out)]
+        else:
+            names = node_names(count, prefix=PREFIX, first=first)
+            addresses = [f"{node_address(first + i)}:{port}" for i in range(count)]
+            listen = [arg for address in addresses for arg in ("--grpc-listen", address)]
+            out.write_text(
+                "".join(f"{n} {addr}\n" for n, addr in zip(names, addresses, strict=True))
+            )
         log = (run.work / f"pool-{k}.log").open("wb")
         run.procs.append(
             subprocess.Popen(
@@ -137,8 +159,7 @@ def start_pools(run: Run) -> list[Path]:
                     "--name-prefix", PREFIX,
                     "--gpus", str(a.gpus),
                     "--interval", str(a.interval),
-                    "--grpc-listen", f"127.0.0.1:{free_port()}",
-                    "--targets-out", str(out),
+                    *listen,
                     "--transitions-out", str(trans),
                     "--fault", fault,
                     "--log-level", "warning",
@@ -150,6 +171,13 @@ def start_pools(run: Run) -> list[Path]:
         targets.append(out)
         run.transitions.append(trans)
     return targets
+
+
+def shape(args: argparse.Namespace) -> str:
+    """What every figure is measured in: one address per node, or the shared shape."""
+    if args.shared_addresses:
+        return f"SHARED: {args.nodes} nodes behind {args.pools} addresses"
+    return "one address per node"
 
 
 def kubeconfig(url: str, path: Path) -> None:
