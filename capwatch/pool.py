@@ -90,7 +90,7 @@ def _index(flag: str, text: str) -> int:
 def _prefix(flag: str, text: str) -> str:
     # Every name is the prefix and a number: valid for all when valid with "0".
     prefix = text.lower()
-    if len(text) > 200 or not is_node_name(f"{prefix}0"):
+    if not is_node_name(f"{prefix}0"):
         raise ConfigError(
             flag,
             f"nodes would be named {prefix + '0'!r}, ...: not Kubernetes node names (a-z, "

@@ -1,5 +1,12 @@
 """What the chart's controller tests share: the rendered variants, the objects' lookups,
-the RBAC rules the controller calls for, and the real controller settings."""
+a role's rules as single grants, and the real controller settings.
+
+No list of the rules the controller and its cleanup hook should be granted lives here:
+what each component calls, and that each rendered grant is both needed and enough, is
+proven against a real API server with its audit log (tests/realkube/test_rbac.py). The
+chart tests check what a render alone can tell: who is bound to what, where, and how
+the roles relate.
+"""
 
 from __future__ import annotations
 
@@ -22,23 +29,6 @@ AGENT_SELECTOR = (
     "app.kubernetes.io/name=capwatch,app.kubernetes.io/component=node-agent,"
     f"app.kubernetes.io/instance={RELEASE}"
 )
-CLUSTER_RULES = [
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
-    {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-]
-NAMESPACE_RULES = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-    {
-        "apiGroups": ["coordination.k8s.io"],
-        "resources": ["leases"],
-        "verbs": ["get", "create", "update"],
-    },
-]
-CLEANUP_RULES = [
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
-    {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-]
 RESTRICTED = {
     "runAsNonRoot": True,
     "runAsUser": 65532,
@@ -55,6 +45,17 @@ def _named(manifests: Manifests, kind: str, name: str) -> dict[str, Any]:
     found = [o for o in manifests.of_kind(kind) if o["metadata"]["name"] == name]
     assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
     return found[0]
+
+
+def _grants(role: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    """A rendered (Cluster)Role's rules as single (apiGroup, resource, verb) grants."""
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 def _statefulset(manifests: Manifests) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.chart.support import NAMESPACE, Helm, Manifests, ports
 
-POD_READ = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+POD_READ = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
 EVENT_CREATE = {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
 RULES = [*POD_READ, EVENT_CREATE]
 

@@ -1,0 +1,332 @@
+"""Every component under the chart's RBAC, proven on a real API server with an audit log.
+
+The rendered ServiceAccounts, ClusterRoles, ClusterRoleBindings, Roles and RoleBindings
+are applied in the test's namespace (the release namespace); each component runs with a
+TokenRequest token of its own ServiceAccount, never as admin, and the audit log says
+what it called and what the authorizer answered.
+
+- **Sufficient**: with exactly the rendered rules each component does its whole job
+  (the agent caps and posts Events; the controller leads, writes the condition, posts
+  an Event; the cleanup hook removes the condition) and no call of it is refused.
+- **Tight**: every single grant (verb x resource of each rule) is used by some call.
+- **Necessary**: each used grant taken away in turn (its rule split, everything else
+  kept), some real call of the component gets 403 for exactly that verb and resource.
+
+Nothing here lists the rules: they are read from the render, and the server is the proof.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.chart.support import Helm
+from tests.controller.e2e.processes import START_S, wait_until
+from tests.realkube.agentrun import CAP_W, AgentRun, start_agent
+from tests.realkube.audit import AuditLog, Call, audited_plane
+from tests.realkube.chart import Grant, apply, wait_authorized
+from tests.realkube.components import Scene, open_scene, unique
+from tests.realkube.controlplane import ControlPlane
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+GRACE_S = 1.5  # after a component has done everything else: time for a late 403
+NEW_CAP_W = CAP_W + 20
+
+
+@pytest.fixture(scope="module")
+def plane(
+    realkube_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    """A control plane of this module's own, auditing every request."""
+    with audited_plane(tmp_path_factory.mktemp("audited"), realkube_binaries) as started:
+        yield started
+
+
+@pytest.fixture
+def audit(plane: ControlPlane) -> AuditLog:
+    return AuditLog(plane.directory / "audit.log")
+
+
+@contextmanager
+def _scene(
+    plane: ControlPlane,
+    helm: Helm,
+    directory: Path,
+    *components: str,
+    values: Sequence[str] = (),
+) -> Iterator[Scene]:
+    namespace = unique("rbac").rstrip("-")
+    plane.create_namespace(namespace)
+    try:
+        with open_scene(
+            plane, namespace, helm, directory, components=components, values=values
+        ) as scene:
+            yield scene
+    finally:
+        plane.delete_namespace(namespace)
+
+
+def _used(calls: Sequence[Call], grants: Sequence[Grant]) -> list[Grant]:
+    """The grants some allowed call needed."""
+    return [g for g in grants if any(c.covered_by(g) and c.code < 400 for c in calls)]
+
+
+def _denied(calls: Sequence[Call]) -> list[Call]:
+    return [c for c in calls if c.code == 403]
+
+
+def _removal_rounds(
+    scene: Scene,
+    component: str,
+    grants: Sequence[Grant],
+    run: Callable[[Grant], list[Call]],
+) -> dict[Grant, list[Call]]:
+    """For each grant: apply the component's RBAC without it (wait until the authorizer
+    agrees), run the component, and keep the 403s it got."""
+    user, objects = scene.release.user(component), scene.release.objects(component)
+    refused = {}
+    for grant in grants:
+        apply(scene.plane, objects, without=grant)
+        others = [g for g in scene.release.grants(component) if g != grant]
+        wait_authorized(scene.plane, user, allow=others, deny=[grant])
+        refused[grant] = _denied(run(grant))
+    apply(scene.plane, objects)
+    return refused
+
+
+def _assert_each_needed(refused: dict[Grant, list[Call]]) -> None:
+    unneeded = {
+        str(grant): [str(c) for c in calls]
+        for grant, calls in refused.items()
+        if not any(c.covered_by(grant) for c in calls)
+    }
+    assert unneeded == {}, "taken away, these grants got no 403 for what they allow"
+
+
+# --- the controller ----------------------------------------------------------------------
+
+
+def _controller_round(scene: Scene, audit: AuditLog, removed: Grant | None = None) -> list[Call]:
+    """A fresh start (no Lease yet) with one GPU node of its own and no agent: the
+    controller creates and renews the Lease, writes the node AgentMissing and posts the
+    Event. Ends once that is all done, or once ``removed`` was refused."""
+    user = scene.release.user("controller")
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{scene.namespace}/leases/capwatch-controller-0"
+    scene.delete(path)
+    node = unique("gpu") + "0"
+    scene.gpu_node(node)
+    mark = audit.mark()
+    process = scene.controller(0)
+    grants = scene.release.grants("controller")
+
+    def finished() -> bool:
+        if process.popen.poll() is not None:
+            raise AssertionError(f"the controller exited:\n{process.log[-3000:]}")
+        calls = audit.calls(user=user, since=mark)
+        if removed is not None and any(c.covered_by(removed) and c.code == 403 for c in calls):
+            return True
+        return set(_used(calls, grants)) >= set(grants) - {removed}
+
+    try:
+        wait_until(finished, timeout=START_S, what=f"the controller's calls (without {removed})")
+        time.sleep(GRACE_S)
+    finally:
+        process.popen.terminate()
+        process.wait(timeout=30)
+        scene.delete(f"/api/v1/nodes/{node}")
+    return audit.calls(user=user, since=mark)
+
+
+def test_controller_does_its_job_with_exactly_the_rendered_rbac(
+    plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog
+) -> None:
+    """As its own ServiceAccount under the rendered ClusterRole and Role only, the
+    controller takes the Lease, renews it, writes the condition and posts the Event with
+    no call refused, and every grant of both roles is used by some call of it."""
+    with _scene(plane, helm, tmp_path, "controller") as scene:
+        calls = _controller_round(scene, audit)
+        grants = scene.release.grants("controller")
+    assert _denied(calls) == []
+    assert all(any(c.covered_by(g) for g in grants) for c in calls if c.code < 400)
+    assert _used(calls, grants) == grants
+
+
+def test_each_controller_grant_is_needed(
+    plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog
+) -> None:
+    """Each single grant of the controller's ClusterRole and Role taken away in turn: some
+    real call of the controller (a lease read, create or renewal, the node or pod list or
+    watch, the status patch, the Event) is refused with 403 for exactly that grant."""
+    with _scene(plane, helm, tmp_path, "controller") as scene:
+        grants = scene.release.grants("controller")
+        refused = _removal_rounds(
+            scene, "controller", grants, lambda g: _controller_round(scene, audit, g)
+        )
+    _assert_each_needed(refused)
+
+
+# --- the cleanup hook --------------------------------------------------------------------
+
+
+def _cleanup_round(scene: Scene, audit: AuditLog) -> tuple[int, list[Call]]:
+    """``capwatch controller cleanup`` (the Job's args) with one node carrying the condition."""
+    node = unique("gpu") + "0"
+    scene.gpu_node(
+        node,
+        conditions=[
+            {
+                "type": "GPUPowerCapEnforced",
+                "status": "True",
+                "reason": "CapsEnforced",
+                "message": "written by capwatch",
+                "lastTransitionTime": "2025-03-01T10:00:00Z",
+                "lastHeartbeatTime": "2025-03-01T10:00:00Z",
+            }
+        ],
+    )
+    mark = audit.mark()
+    done = scene.cleanup()
+    calls = audit.calls(user=scene.release.user("cleanup"), since=mark)
+    if done.returncode == 0:
+        assert scene.condition(node) is None
+    scene.delete(f"/api/v1/nodes/{node}")
+    return done.returncode, calls
+
+
+def test_cleanup_does_its_job_with_exactly_the_rendered_rbac(
+    plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog
+) -> None:
+    """As the hook's ServiceAccount under the hook's ClusterRole only, the cleanup removes
+    the condition with no call refused, and uses each grant of that role."""
+    with _scene(plane, helm, tmp_path, "cleanup") as scene:
+        code, calls = _cleanup_round(scene, audit)
+        grants = scene.release.grants("cleanup")
+    assert code == 0
+    assert _denied(calls) == []
+    assert _used(calls, grants) == grants
+
+
+def test_each_cleanup_grant_is_needed(
+    plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog
+) -> None:
+    """Each grant of the hook's ClusterRole taken away: the cleanup exits 1 and the call
+    that grant allows (the node list, or the status patch) got 403."""
+    with _scene(plane, helm, tmp_path, "cleanup") as scene:
+        codes: list[int] = []
+
+        def run(_: Grant) -> list[Call]:
+            code, calls = _cleanup_round(scene, audit)
+            codes.append(code)
+            return calls
+
+        refused = _removal_rounds(scene, "cleanup", scene.release.grants("cleanup"), run)
+    _assert_each_needed(refused)
+    assert codes == [1] * len(codes)
+
+
+# --- the agent ---------------------------------------------------------------------------
+
+
+def _agent_round(
+    scene: Scene, audit: AuditLog, removed: Grant | None = None
+) -> tuple[AgentRun, list[Call]]:
+    """The agent of a fresh node, capping one workload pod: ends once it has listed the
+    pods, written the cap, posted its Event, written the new cap a re-annotation asked
+    for (the watch brings it), cycled ten times more and renewed its watch at least once;
+    or once ``removed`` was refused."""
+    user = scene.release.user("agent")
+    mark = audit.mark()
+    run = start_agent(scene)
+    done_at: list[int] = []
+
+    def finished() -> bool:
+        if run.process.popen.poll() is not None:
+            raise AssertionError(f"the agent exited:\n{run.process.log[-3000:]}")
+        calls = audit.calls(user=user, since=mark)
+        if removed is not None and any(c.covered_by(removed) and c.code == 403 for c in calls):
+            return True
+        if CAP_W * 1000 not in run.writes() or not run.events():
+            return False
+        if not done_at:
+            run.annotate(NEW_CAP_W)
+            done_at.append(len(run.cycles()))
+        if NEW_CAP_W * 1000 not in run.writes():
+            return False
+        watches = [c for c in calls if c.verb == "watch" and c.code < 400]
+        return len(run.cycles()) >= done_at[0] + 10 and len(watches) >= 2
+
+    try:
+        wait_until(finished, timeout=START_S, what=f"the agent's job (without {removed})")
+        time.sleep(GRACE_S)
+    finally:
+        run.process.popen.terminate()
+        run.process.wait(timeout=30)
+    return run, audit.calls(user=user, since=mark)
+
+
+@pytest.mark.nvml
+@pytest.mark.parametrize(
+    "values", [(), ("--set", "rbac.namespaced=true")], ids=["cluster", "namespaced"]
+)
+def test_agent_does_its_job_with_exactly_the_rendered_rbac(
+    plane: ControlPlane,
+    helm: Helm,
+    tmp_path: Path,
+    audit: AuditLog,
+    fake_nvml_library: Path,
+    values: tuple[str, ...],
+) -> None:
+    """As the agent's ServiceAccount (its token bound to its pod) under the rendered
+    ClusterRole, or the Role of rbac.namespaced: the agent lists the pods on its node once,
+    then only watches them, caps the workload's GPU as its annotation asks (and as it
+    asks again, through the watch), posts the Event on the workload pod, and no call of
+    it is refused."""
+    with _scene(plane, helm, tmp_path, "agent", values=values) as scene:
+        run, calls = _agent_round(scene, audit)
+        grants = scene.release.grants("agent")
+        events = run.events()
+    assert _denied(calls) == []
+    assert all(any(c.covered_by(g) for g in grants) for c in calls)
+    writes = run.writes()  # the last one is the default restored at SIGTERM
+    assert CAP_W * 1000 in writes
+    assert writes.index(NEW_CAP_W * 1000) > writes.index(CAP_W * 1000)
+    # One Event per thing said: the first cap, then the new one.
+    assert [(e["type"], e["reason"]) for e in events] == [("Normal", "PowerCapApplied")] * 2
+    assert sum(f"{NEW_CAP_W} W" in e["message"] for e in events) == 1, events
+    lists = [c for c in calls if c.verb == "list"]
+    watches = [c for c in calls if c.verb == "watch"]
+    assert len(lists) == 1, [str(c) for c in calls]  # no LIST per cycle, nor per watch
+    assert len(watches) >= 2
+    assert run.enforced_cycles() >= 10
+
+
+@pytest.mark.nvml
+def test_agent_uses_every_rendered_grant(
+    plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog, fake_nvml_library: Path
+) -> None:
+    """Every single grant of the agent's rendered ClusterRole is used by some call of the
+    agent's whole job: the chart grants it nothing it does not do."""
+    with _scene(plane, helm, tmp_path, "agent") as scene:
+        _, calls = _agent_round(scene, audit)
+        grants = scene.release.grants("agent")
+    assert [str(g) for g in grants if g not in _used(calls, grants)] == []
+
+
+@pytest.mark.nvml
+def test_each_agent_grant_it_uses_is_needed(
+    plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog, fake_nvml_library: Path
+) -> None:
+    """Each grant the agent's whole job was seen to use (list and watch of pods, create of
+    events, as the audit says, not as written here), taken away in turn: some real call of
+    the agent gets 403 for exactly that grant."""
+    with _scene(plane, helm, tmp_path, "agent") as scene:
+        _, calls = _agent_round(scene, audit)
+        used = _used(calls, scene.release.grants("agent"))
+        assert used, "the agent used none of its grants"
+        refused = _removal_rounds(scene, "agent", used, lambda g: _agent_round(scene, audit, g)[1])
+    _assert_each_needed(refused)
