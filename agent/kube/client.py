@@ -103,6 +103,9 @@ class KubernetesEventSink:
                     _request_timeout=(self._timeout, self._timeout),
                 ),
             )
+            # Read to the end before the connection goes back to the pool: left unread,
+            # the body would be the next request's status line (or cost a new connection).
+            response.drain_conn()
             response.release_conn()
         except _TRANSIENT as err:
             raise EventSinkError(

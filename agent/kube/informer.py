@@ -20,8 +20,9 @@ None when it can. Known in sync means all of:
 
 A healthy quiet watch stays inside the bound because each watch asks the
 server to end it after ``timeoutSeconds`` drawn from ``[B/2, 2B/3]`` (15-20 s
-by default; jittered so a fleet does not reconnect in step), and the API
-server also sends a BOOKMARK 2 s before that end. After a clean end the next
+by default; jittered so a fleet does not reconnect in step); the end itself,
+a clean one, counts as delivery (the API server sends a BOOKMARK before it
+only when the kind changed after the watch opened). After a clean end the next
 watch goes out at once, from the last resourceVersion and on the same pooled
 connection: one cheap request per watch period, no LIST. The socket read
 timeout is ``B`` as well, so a watch that sends no byte for ``B`` seconds is

@@ -6,25 +6,32 @@ capwatch's agent and controller (routes in kube_http):
 
 - pods: ``GET /api/v1/pods`` and ``/api/v1/namespaces/{ns}/pods``, list and
   watch, by field and label selector (kube_pods, kube_lists, kube_watch);
-- nodes: list, watch, get, and the strategic-merge / JSON-merge PATCH of
+- nodes: list, watch, get, and the strategic-merge / JSON-merge / JSON PATCH of
   ``/status`` (kube_nodes, kube_patch);
 - leases: ``coordination.k8s.io/v1`` get, list, create and update with real
   optimistic concurrency (kube_leases);
-- events: ``POST /api/v1/namespaces/{ns}/events`` (kube_events).
+- events: ``POST /api/v1/namespaces/{ns}/events``, and list and watch of
+  them, cluster-wide or in a namespace, by field selector (kube_events).
+
+What it answers is held to a real kube-apiserver: the contract tests in
+tests/kube/test_fake_*.py run against both (tests/kube/servers.py).
 
 All of it shares one resourceVersion sequence and lock (kube_store). Lists
-page with ``limit``/``continue`` over a consistent snapshot; watches replay
-from ``resourceVersion``, send BOOKMARKs as the real watch cache does and end
-after ``timeoutSeconds``. A resourceVersion older than the retained history is
-answered 410 Gone, either as an HTTP 410 or as an ERROR event carrying a
-``Status`` (``gone_mode``). Failures are ``Status`` objects.
+page with ``limit``/``continue`` over a consistent snapshot and read
+``resourceVersion``/``resourceVersionMatch`` as the real server does
+(kube_lists); watches replay from ``resourceVersion``, send BOOKMARKs as the
+real watch cache does and end after ``timeoutSeconds``. A resourceVersion
+older than the retained history is answered 410 Gone: as an ERROR event
+carrying a ``Status`` (``gone_mode`` "event", what a real 1.37 server
+sends), or as an HTTP 410 ("http"). Failures are ``Status`` objects.
 
 Tests drive it through the methods below: write pods and nodes, seed and read
 Leases, read Events and the write logs (who wrote which Node status while
 which Lease was held), emit bookmarks, compact history, inject failures for
 everyone (kube_faults: by request kind and method, 429 with Retry-After,
 500, in-stream errors, hangs) or cut one client off by its User-Agent,
-drop/end/stall watch streams, and read the request log.
+delay answers' bodies after their headers, drop/end/stall watch streams,
+and read the request log.
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ class FakeKubeApiServer:
         self.gone_mode: GoneMode = gone_mode
         # Seconds between the periodic BOOKMARKs of a watch that allows them.
         self.bookmark_frequency = bookmark_frequency
+        # Seconds between an answer's headers and its body (delay_bodies).
+        self.body_delay = 0.0
         self._stop = threading.Event()
         self._httpd: Server | None = None
         self._thread: threading.Thread | None = None
@@ -317,6 +326,12 @@ class FakeKubeApiServer:
     def hang_next_lists(self, seconds: float, *, count: int = 1) -> None:
         """The next ``count`` pod lists wait ``seconds`` before answering."""
         self.faults.hang_next("list", seconds, count=count)
+
+    def delay_bodies(self, seconds: float) -> None:
+        """Send each answer's body ``seconds`` after its headers (a slow or segmented
+        network): a client that hands its connection back before reading the body finds
+        that body where the next answer should be. 0 undoes it."""
+        self.body_delay = seconds
 
     def clear_faults(self) -> None:
         """Drop pending faults and hangs (cut-offs stay until restored)."""

@@ -6,6 +6,8 @@ Every routed request is logged (:class:`RequestRecord`) under a kind:
 ``list``        GET of pods (all namespaces or one), not watching
 ``watch``       the same with ``watch=true``
 ``event``       POST of an Event
+``event_list``  GET of Events (all namespaces or one), not watching
+``event_watch`` the same with ``watch=true``
 ``node_list``   GET /api/v1/nodes, not watching
 ``node_watch``  the same with ``watch=true``
 ``node_get``    GET of one Node (or its ``/status``)
@@ -37,10 +39,19 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeVar, get_args
 
 RequestKind = Literal[
-    "list", "watch", "event", "node_list", "node_watch", "node_get", "node_status", "lease"
+    "list",
+    "watch",
+    "event",
+    "event_list",
+    "event_watch",
+    "node_list",
+    "node_watch",
+    "node_get",
+    "node_status",
+    "lease",
 ]
 REQUEST_KINDS: tuple[str, ...] = get_args(RequestKind)
-WATCH_KINDS = ("watch", "node_watch")
+WATCH_KINDS = ("watch", "node_watch", "event_watch")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,6 +6,7 @@ One handler class serves every endpoint; the endpoints themselves are mixins
 ====== =========================================================== ===============
 GET    /api/v1/pods, /api/v1/namespaces/{ns}/pods                  list / watch
 POST   /api/v1/namespaces/{ns}/events                              event
+GET    /api/v1/events, /api/v1/namespaces/{ns}/events              event_list / event_watch
 GET    /api/v1/nodes                                               node_list / node_watch
 GET    /api/v1/nodes/{name}, /api/v1/nodes/{name}/status           node_get
 PATCH  /api/v1/nodes/{name}/status                                 node_status
@@ -30,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.fakes.kube_events import EventsEndpoint
+from tests.fakes.kube_events import EVENT_FIELDS, EventsEndpoint
 from tests.fakes.kube_faults import WATCH_KINDS, CutOff, RequestKind, RequestRecord
 from tests.fakes.kube_leases import GROUP, LeasesEndpoint
 from tests.fakes.kube_lists import ListEndpoint
@@ -128,8 +129,20 @@ class Handler(
                         ),
                     )
                 }
-            case ["api", "v1", "namespaces", namespace, "events"]:
-                return {"POST": ("event", lambda: self._post_event(namespace, raw))}
+            case ["api", "v1", "events"] | ["api", "v1", "namespaces", _, "events"]:
+                namespace = parts[3] if len(parts) == 5 else None
+                kind = "event_watch" if watching else "event_list"
+                routes: dict[str, Route] = {
+                    "GET": (
+                        kind,
+                        lambda: self._collection(
+                            fake.events_store, EVENT_FIELDS, query, kind=kind, namespace=namespace
+                        ),
+                    )
+                }
+                if namespace is not None:
+                    routes["POST"] = ("event", lambda: self._post_event(parts[3], raw))
+                return routes
             case ["api", "v1", "nodes"]:
                 kind = "node_watch" if watching else "node_list"
                 return {
@@ -217,5 +230,7 @@ class Handler(
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
+        if self.fake.body_delay:
+            time.sleep(self.fake.body_delay)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.wfile.write(data)

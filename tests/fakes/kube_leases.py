@@ -8,22 +8,29 @@ Served, with the real server's optimistic concurrency and answers:
   ``AlreadyExists``; a ``metadata.resourceVersion`` in the body is refused
   500 ("resourceVersion should not be set on objects to be created"), as the
   real storage refuses it.
-- ``PUT .../leases/{name}``: 200 with the stored Lease; a missing Lease is 404
-  (leases are not created on update); a ``metadata.resourceVersion`` that is
-  not the current one is 409 ``Conflict``; none at all is an unconditional
-  update (leases allow it).
+- ``PUT .../leases/{name}``: 200 with the stored Lease; a missing Lease is
+  created (201: Leases allow create on update, whatever resourceVersion the
+  body carries); a ``metadata.uid`` in the body is a precondition: 409
+  ``Conflict`` unless the stored Lease has that uid (so a Lease read, then
+  deleted, is not recreated by a PUT of what was read); a
+  ``metadata.resourceVersion`` that is not the current one is 409
+  ``Conflict``; none at all is 422 (Leases allow no unconditional update).
 - Bodies are checked as the real server checks them: the name and namespace
   must agree with the URL (400), ``spec.leaseDurationSeconds`` must be > 0 and
   ``spec.leaseTransitions`` >= 0 (422 ``Invalid``), ``acquireTime`` and
   ``renewTime`` must be MicroTime (``2006-01-02T15:04:05.000000Z07:00``:
-  exactly six fractional digits; anything else 400), wrong JSON types 400.
+  exactly six fractional digits; anything else 400; stored in UTC), wrong
+  JSON types 400.
 - ``spec`` keeps holderIdentity, leaseDurationSeconds, acquireTime, renewTime
   and leaseTransitions as sent; ``null`` fields are left out and unknown spec
-  fields dropped (the real server's default field validation). Every write
-  bumps the resourceVersion, except one that changes nothing.
+  fields dropped with a ``Warning: 299`` header naming each (the real
+  server's default field validation); the coordinated leader election fields
+  (``strategy``, ``preferredHolder``) are dropped silently, as a 1.37 server
+  without that feature gate drops them. The metadata keeps labels,
+  annotations, owner references and finalizers as sent. Every write bumps
+  the resourceVersion, except one that changes nothing.
 
-Not modelled: DELETE and PATCH (405), generateName, the coordinated leader
-election fields (strategy, preferredHolder), dry runs.
+Not modelled: DELETE and PATCH (405), generateName, dry runs.
 
 For tests: the Lease as stored, a log of successful writes (server time,
 User-Agent, holder), and each Lease's state for fencing checks: its holder and
@@ -34,7 +41,6 @@ holder there or renewed it).
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -45,6 +51,7 @@ from tests.fakes.kube_store import Key, Obj, ObjectStore, ResourceVersions
 from tests.fakes.kube_wire import (
     already_exists,
     conflict,
+    normalize_micro_time,
     not_found,
     now_rfc3339,
     status_body,
@@ -56,7 +63,9 @@ LEASE_FIELDS = {
     "metadata.name": lambda lease: lease["metadata"]["name"],
     "metadata.namespace": lambda lease: lease["metadata"]["namespace"],
 }
-_MICRO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})")
+# Known to the real server, dropped while the CoordinatedLeaderElection gate is off.
+_GATED_SPEC_FIELDS = ("strategy", "preferredHolder")
+_USER_METADATA = {"labels": dict, "annotations": dict, "ownerReferences": list, "finalizers": list}
 _SPEC_FIELDS = {
     "holderIdentity": str,
     "leaseDurationSeconds": int,
@@ -158,8 +167,10 @@ class LeaseStore(ObjectStore):
             self._log("POST", created, user_agent)
             return created
 
-    def update_lease(self, namespace: str, name: str, body: Any, *, user_agent: str) -> Obj:
-        """PUT: raises LeaseRequestError."""
+    def update_lease(
+        self, namespace: str, name: str, body: Any, *, user_agent: str
+    ) -> tuple[Obj, bool]:
+        """PUT: (the Lease, whether it was created); raises LeaseRequestError."""
         metadata, spec = _checked(namespace, body)
         if metadata.get("name") != name:
             raise LeaseRequestError(
@@ -169,10 +180,26 @@ class LeaseStore(ObjectStore):
             )
         with self.cond:
             current = self.get((namespace, name))
+            uid = metadata.get("uid")
+            if uid and (current is None or current["metadata"]["uid"] != uid):
+                stored_uid = "" if current is None else current["metadata"]["uid"]
+                body_409 = conflict("leases", GROUP, name)
+                body_409["message"] = (
+                    f'Operation cannot be fulfilled on leases.{GROUP} "{name}": Precondition'
+                    f" failed: UID in precondition: {uid}, UID in object meta: {stored_uid}"
+                )
+                raise LeaseRequestError(409, "conflict", body_409)
             if current is None:
-                raise LeaseRequestError(404, "not found", not_found("leases", GROUP, name))
+                fresh = {**body, "metadata": {**metadata, "resourceVersion": ""}}
+                return self.create_lease(namespace, fresh, user_agent=user_agent), True
             wanted = metadata.get("resourceVersion")
-            if wanted and str(wanted) != current["metadata"]["resourceVersion"]:
+            if not wanted:
+                raise LeaseRequestError(
+                    422,
+                    f'leases.coordination.k8s.io "{name}" is invalid: metadata.resourceVersion:'
+                    " Invalid value: 0: must be specified for an update",
+                )
+            if str(wanted) != current["metadata"]["resourceVersion"]:
                 raise LeaseRequestError(409, "conflict", conflict("leases", GROUP, name))
             kept = {
                 k: current["metadata"][k] for k in ("name", "namespace", "uid", "creationTimestamp")
@@ -180,7 +207,7 @@ class LeaseStore(ObjectStore):
             lease = {"metadata": {**_user_metadata(metadata), **kept}, "spec": spec}
             stored = self.replace((namespace, name), lease, skip_unchanged=True)
             self._log("PUT", stored, user_agent)
-            return stored
+            return stored, False
 
     def add_lease(
         self,
@@ -258,13 +285,15 @@ def _checked(namespace: str, body: Any) -> tuple[dict[str, Any], dict[str, Any]]
             raise LeaseRequestError(
                 400, f"json: cannot unmarshal {type(value).__name__} into spec.{name}"
             )
-        if wanted is str and name.endswith("Time") and not _MICRO_TIME.fullmatch(value):
-            raise LeaseRequestError(
-                400,
-                f'parsing time "{value}" as "2006-01-02T15:04:05.000000Z07:00": cannot parse'
-                f" spec.{name} as MicroTime",
-            )
-        spec[name] = value
+        stored = value
+        if wanted is str and name.endswith("Time"):
+            try:
+                stored = normalize_micro_time(value)
+            except ValueError as err:
+                raise LeaseRequestError(
+                    400, f'Lease in version "v1" cannot be handled as a Lease: {err}'
+                ) from None
+        spec[name] = stored
     duration = spec.get("leaseDurationSeconds")
     if duration is not None and duration <= 0:
         raise LeaseRequestError(
@@ -280,9 +309,19 @@ def _checked(namespace: str, body: Any) -> tuple[dict[str, Any], dict[str, Any]]
     return metadata, spec
 
 
+def unknown_fields(body: Any) -> list[str]:
+    """The spec fields the real server would warn about and drop."""
+    raw_spec = body.get("spec") if isinstance(body, dict) else None
+    if not isinstance(raw_spec, dict):
+        return []
+    known = (*_SPEC_FIELDS, *_GATED_SPEC_FIELDS)
+    return [f"spec.{name}" for name in raw_spec if name not in known]
+
+
 def _user_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
-    """The metadata a client may set on a Lease (labels, annotations)."""
-    return {k: metadata[k] for k in ("labels", "annotations") if isinstance(metadata.get(k), dict)}
+    """The metadata a client may set on a Lease."""
+    kept = _USER_METADATA.items()
+    return {k: metadata[k] for k, kind in kept if isinstance(metadata.get(k), kind)}
 
 
 class LeasesEndpoint:
@@ -313,17 +352,17 @@ class LeasesEndpoint:
             return
         try:
             if method == "POST":
-                handler._send_json(
-                    201,
-                    typed(
-                        store.create_lease(namespace, body, user_agent=user_agent),
-                        store.kind,
-                        store.api_version,
-                    ),
-                )
+                lease, created = store.create_lease(namespace, body, user_agent=user_agent), True
             else:
                 assert name is not None
-                updated = store.update_lease(namespace, name, body, user_agent=user_agent)
-                handler._send_json(200, typed(updated, store.kind, store.api_version))
+                lease, created = store.update_lease(namespace, name, body, user_agent=user_agent)
         except LeaseRequestError as err:
             handler._send_json(err.code, err.body)
+            return
+        unknown = unknown_fields(body)
+        headers = {"Warning": ", ".join(f'299 - "unknown field \\"{f}\\""' for f in unknown)}
+        handler._send_json(
+            201 if created else 200,
+            typed(lease, store.kind, store.api_version),
+            headers if unknown else None,
+        )

@@ -8,18 +8,24 @@ Served:
   (kube_lists, kube_watch).
 - ``GET /api/v1/nodes/{name}`` (and ``.../status``): the Node, or 404.
 - ``PATCH /api/v1/nodes/{name}/status``:
-  ``application/strategic-merge-patch+json`` merges ``status.conditions`` by
-  ``type`` (kube_patch: replace the given fields of that condition or append
-  it; ``{"type": X, "$patch": "delete"}`` removes it) and the rest of
-  ``status`` as a JSON merge; ``application/merge-patch+json`` is RFC 7386,
-  which replaces the conditions list wholesale. Any other content type is 415
-  (JSON patch and apply patches are not modelled); an unknown Node 404; a
-  ``metadata.resourceVersion`` in the patch that is not the current one 409
-  ``Conflict`` (a precondition, as on the real server). Only ``status`` is
-  applied: the status subresource ignores the rest of the object. A patch that
-  changes something bumps the resourceVersion and shows on node watches as
-  MODIFIED; one that changes nothing (deleting a condition that is not there)
-  leaves both alone, as the real storage does, and still answers 200.
+  ``application/strategic-merge-patch+json`` merges ``status.conditions`` and
+  ``status.addresses`` by ``type`` (kube_patch: replace the given fields of
+  that element or add it, ordered as the real server orders the result: an
+  element new to the list comes first; ``{"type": X, "$patch": "delete"}``
+  removes it) and the rest of ``status`` as a JSON merge;
+  ``application/merge-patch+json`` is RFC 7386, which replaces the
+  conditions list wholesale; ``application/json-patch+json`` is RFC 6902 over
+  the whole Node. Any other content type is 415 (apply patches are not
+  modelled); an unknown Node 404; a ``metadata.resourceVersion`` in the patch
+  that is not the current one 409 ``Conflict`` (a precondition, as on the
+  real server); a status or conditions value of the wrong type, or a
+  condition time that is not RFC 3339, 422. Condition times are stored as the
+  real server stores a ``metav1.Time``: whole seconds, UTC. Only ``status``
+  and the metadata's labels and annotations are applied (the real Node status
+  strategy keeps the spec and takes those). A patch
+  that changes something bumps the resourceVersion and shows on node watches
+  as MODIFIED; one that changes nothing (deleting a condition that is not
+  there) leaves both alone, as the real storage does, and still answers 200.
 
 Every successful status PATCH is logged (:class:`NodeStatusWrite`) with the
 server time, the patch as sent, the User-Agent, and every Lease's state at
@@ -36,18 +42,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.fakes.kube_leases import LeaseState
-from tests.fakes.kube_patch import PatchError, json_merge, strategic_merge
+from tests.fakes.kube_patch import PatchError, json_merge, json_patch, strategic_merge
 from tests.fakes.kube_store import Key, ObjectStore, ResourceVersions, StaleVersionError
-from tests.fakes.kube_wire import conflict, not_found, now_rfc3339, status_body, typed
+from tests.fakes.kube_wire import (
+    conflict,
+    normalize_time,
+    not_found,
+    now_rfc3339,
+    status_body,
+    typed,
+)
 
 Node = dict[str, Any]
 SMP = "application/strategic-merge-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+PATCH_TYPES = (SMP, MERGE_PATCH, JSON_PATCH)
 NODE_FIELDS = {
     "metadata.name": lambda node: node["metadata"]["name"],
     "spec.unschedulable": lambda node: str(bool(node["spec"].get("unschedulable"))).lower(),
 }
-_STATUS_MERGE_KEYS = {("conditions",): "type"}
+_STATUS_MERGE_KEYS = {("conditions",): "type", ("addresses",): "type"}
+_CONDITION_TIMES = ("lastHeartbeatTime", "lastTransitionTime")
+# What the real Node status strategy takes from a status write beside the status.
+_STATUS_METADATA = ("labels", "annotations")
 
 
 def ready_condition() -> dict[str, str]:
@@ -70,7 +88,7 @@ class NodeStatusWrite:
     at: float  # server time.monotonic() when it was applied
     node: str
     content_type: str
-    patch: dict[str, Any]  # the body as sent
+    patch: Any  # the body as sent (a map; a list for a JSON patch)
     user_agent: str
     resource_version: str  # the Node's after the write
     leases: Mapping[Key, LeaseState]  # every Lease at that instant, by (namespace, name)
@@ -134,35 +152,55 @@ class NodeStore(ObjectStore):
         with self.cond:
             return [w for w in self._writes if node in (None, w.node)]
 
-    def patch_status(self, name: str, patch: dict[str, Any], *, strategic: bool) -> Node:
+    def patch_status(self, name: str, patch: Any, *, content_type: str) -> Node:
         """Apply a status patch. KeyError: no such Node; StaleVersionError; PatchError."""
         with self.cond:
             node = self.node(name)
             if node is None:
                 raise KeyError(name)
-            metadata = patch.get("metadata") or {}
-            if not isinstance(metadata, dict):
-                raise PatchError(400, "metadata must be a JSON object")
-            wanted = metadata.get("resourceVersion")
-            if wanted and str(wanted) != node["metadata"]["resourceVersion"]:
-                raise StaleVersionError(name)
-            if strategic:
-                directives = [k for k in patch if k.startswith("$")]
-                if directives:
-                    raise PatchError(
-                        400, f"strategic merge directive {directives[0]!r} is not modelled"
-                    )
-            if "status" in patch:
-                change = patch["status"]
-                if change is None:
-                    node["status"] = {}
-                elif not isinstance(change, dict):
-                    raise PatchError(400, f"status must be a JSON object, got {change!r}")
-                elif strategic:
-                    node["status"] = strategic_merge(node["status"], change, _STATUS_MERGE_KEYS)
-                else:
-                    node["status"] = json_merge(node["status"], change)
+            if content_type == JSON_PATCH:
+                self._apply_json_patch(node, patch)
+                return self.replace(("", name), node, skip_unchanged=True)
+            self._apply_merge(node, patch, strategic=content_type == SMP)
             return self.replace(("", name), node, skip_unchanged=True)
+
+    @staticmethod
+    def _apply_merge(node: Node, patch: Any, *, strategic: bool) -> None:
+        """A strategic merge or JSON merge patch: its metadata's labels and annotations,
+        its status. StaleVersionError; PatchError."""
+        if not isinstance(patch, dict):
+            raise PatchError(400, "json: cannot unmarshal array into Go value of type map")
+        metadata = patch.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise PatchError(422, "metadata must be a JSON object")
+        wanted = metadata.get("resourceVersion")
+        if wanted and str(wanted) != node["metadata"]["resourceVersion"]:
+            raise StaleVersionError(node["metadata"]["name"])
+        directives = [k for k in patch if k.startswith("$")]
+        if strategic and directives:
+            raise PatchError(400, f"strategic merge directive {directives[0]!r} is not modelled")
+        for field in _STATUS_METADATA:
+            if field in metadata:
+                merged = json_merge(node["metadata"].get(field), metadata[field])
+                _set_map(node["metadata"], field, merged)
+        change = patch.get("status", {})
+        if change is None:
+            node["status"] = {}
+        elif not isinstance(change, dict):
+            raise PatchError(422, f"status: cannot restore struct from {change!r}")
+        elif strategic:
+            node["status"] = strategic_merge(node["status"], change, _STATUS_MERGE_KEYS)
+        else:
+            node["status"] = json_merge(node["status"], change)
+        node["status"] = _checked_status(node["status"])
+
+    def _apply_json_patch(self, node: Node, patch: Any) -> None:
+        patched = json_patch(typed(node, self.kind, self.api_version), patch)
+        if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
+            raise PatchError(422, "the patched Node is not a JSON object")
+        node["status"] = _checked_status(patched.get("status"))
+        for field in _STATUS_METADATA:
+            _set_map(node["metadata"], field, patched["metadata"].get(field))
 
     def log_status_write(self, write: NodeStatusWrite) -> None:
         with self.cond:
@@ -187,10 +225,10 @@ class NodesEndpoint:
         fake = handler.fake
         store: NodeStore = fake.nodes
         content_type = handler.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        if content_type not in (SMP, MERGE_PATCH):
+        if content_type not in PATCH_TYPES:
             message = (
                 "the body of the request was in an unknown format - accepted media types"
-                f" include: {MERGE_PATCH}, {SMP} (the fake models no others)"
+                f" include: {', '.join(PATCH_TYPES)} (the fake models no apply patches)"
             )
             handler._send_json(415, status_body(415, message))
             return
@@ -199,14 +237,11 @@ class NodesEndpoint:
         except ValueError as err:
             handler._send_json(400, status_body(400, f"the patch is not JSON: {err}"))
             return
-        if not isinstance(patch, dict):
-            handler._send_json(400, status_body(400, "the patch must be a JSON object"))
-            return
         # Decided under the lock (the write and its log entry are one instant); answered
         # outside it, so a slow client holds up no one.
         with store.cond:
             try:
-                node = store.patch_status(name, patch, strategic=content_type == SMP)
+                node = store.patch_status(name, patch, content_type=content_type)
             except KeyError:
                 code, body = 404, not_found("nodes", "", name)
             except StaleVersionError:
@@ -227,3 +262,38 @@ class NodesEndpoint:
                 )
                 code, body = 200, typed(node, store.kind, store.api_version)
         handler._send_json(code, body)
+
+
+def _set_map(metadata: dict[str, Any], field: str, value: Any) -> None:
+    """metadata[field] = value, a map of strings (422 otherwise), left out when empty."""
+    if value is not None and (
+        not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())
+    ):
+        raise PatchError(422, f"metadata.{field}: cannot restore map of strings from {value!r}")
+    metadata.pop(field, None)
+    if value:
+        metadata[field] = value
+
+
+def _checked_status(status: Any) -> dict[str, Any]:
+    """A Node status as the real server would store it: maps and lists where the schema
+    has them (PatchError 422 otherwise), condition times as ``metav1.Time``."""
+    if status is None:
+        return {}
+    if not isinstance(status, dict):
+        raise PatchError(422, f"status: cannot restore struct from {status!r}")
+    conditions = status.get("conditions")
+    if conditions is None:
+        return status
+    if not isinstance(conditions, list) or not all(isinstance(c, dict) for c in conditions):
+        raise PatchError(422, f"status.conditions: cannot restore slice from {conditions!r}")
+    for condition in conditions:
+        for field in _CONDITION_TIMES:
+            if condition.get(field) is None:
+                condition.pop(field, None)
+                continue
+            try:
+                condition[field] = normalize_time(condition[field])
+            except ValueError as err:
+                raise PatchError(422, f"status.conditions.{field}: {err}") from None
+    return status

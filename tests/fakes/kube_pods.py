@@ -3,9 +3,12 @@
 A pod carries what capwatch's readers use: ``metadata`` (name, namespace,
 uid, resourceVersion, creationTimestamp, annotations, labels when it has
 any, deletionTimestamp once it is terminating), ``spec.nodeName`` and
-``status`` (phase, and podIP/podIPs once it has an address). Pods are written
-only by tests (there is no pod write endpoint); lists and watches of them,
-by field and label selector, are served by kube_lists and kube_watch.
+``status`` (phase, and podIP/podIPs once it has an address), plus the
+defaults the real server fills in that field selectors read
+(``spec.schedulerName``, ``spec.restartPolicy``, ``status.qosClass``). Pods
+are written only by tests (there is no pod write endpoint); lists and watches
+of them, by field and label selector, are served by kube_lists and
+kube_watch. The field selectors are the real server's for pods.
 """
 
 from __future__ import annotations
@@ -20,10 +23,16 @@ Pod = dict[str, Any]
 # Fields the fake can select pods on, as the real server names them.
 POD_FIELDS = {
     "spec.nodeName": lambda pod: pod["spec"].get("nodeName", ""),
+    "spec.restartPolicy": lambda pod: pod["spec"].get("restartPolicy", ""),
+    "spec.schedulerName": lambda pod: pod["spec"].get("schedulerName", ""),
+    "spec.serviceAccountName": lambda pod: pod["spec"].get("serviceAccountName", ""),
+    "spec.hostNetwork": lambda pod: str(bool(pod["spec"].get("hostNetwork"))).lower(),
     "metadata.name": lambda pod: pod["metadata"]["name"],
     "metadata.namespace": lambda pod: pod["metadata"]["namespace"],
     "status.phase": lambda pod: pod["status"].get("phase", ""),
     "status.podIP": lambda pod: pod["status"].get("podIP", ""),
+    "status.podIPs": lambda pod: ",".join(ip["ip"] for ip in pod["status"].get("podIPs", [])),
+    "status.nominatedNodeName": lambda pod: pod["status"].get("nominatedNodeName", ""),
 }
 
 DEFAULT_CREATED = "2025-01-01T00:00:00Z"
@@ -63,8 +72,12 @@ class PodStore(ObjectStore):
                 "creationTimestamp": created or DEFAULT_CREATED,
                 "annotations": dict(annotations or {}),
             },
-            "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]},
-            "status": {"phase": phase},
+            "spec": {
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                "restartPolicy": "Always",
+                "schedulerName": "default-scheduler",
+            },
+            "status": {"phase": phase, "qosClass": "BestEffort"},
         }
         _set(pod, node=node, labels=labels, pod_ip=pod_ip, deletion_timestamp=deletion_timestamp)
         return self.create((namespace, name), pod)

@@ -12,7 +12,9 @@ enough for list+watch clients and optimistic writers:
   is sent as DELETED (its last matching state, stamped with the version of the
   change), one that starts matching as ADDED, as the real watch cache does;
 - consistent paged lists: ``limit``/``continue`` serve the snapshot the first
-  page was taken from; compaction expires pending ``continue`` tokens;
+  page was taken from; compaction expires pending ``continue`` tokens; a list
+  at an exact earlier resourceVersion is rebuilt from the history (410 once
+  that history is compacted);
 - a write that changes nothing (only through the HTTP endpoints, which ask for
   it) leaves the resourceVersion as it is and sends no watch event.
 
@@ -127,6 +129,20 @@ class ObjectStore:
         return self.versions.current
 
     @property
+    def latest_change(self) -> int:
+        """The resourceVersion of the newest write of this kind still in the history."""
+        with self.cond:
+            return self._history[-1].rv if self._history else self._oldest_rv
+
+    @property
+    def newest_object_rv(self) -> int:
+        """The newest resourceVersion among the objects of this kind now (0: none)."""
+        with self.cond:
+            return max(
+                (int(o["metadata"]["resourceVersion"]) for o in self._objects.values()), default=0
+            )
+
+    @property
     def oldest_rv(self) -> int:
         with self.cond:
             return self._oldest_rv
@@ -200,22 +216,26 @@ class ObjectStore:
 
     # -- reads ------------------------------------------------------------------
 
-    def list_page(self, selector: Selector, *, limit: int, token: str) -> ListPage:
-        """One page of a consistent list. Raises ExpiredError for a stale token."""
+    def list_page(
+        self, selector: Selector, *, limit: int, token: str, at_rv: int | None = None
+    ) -> ListPage:
+        """One page of a consistent list, of the current state or (``at_rv``) of the state
+        at that resourceVersion. Raises ExpiredError for a stale token or version."""
         with self.cond:
             if token:
                 snap_id, offset = _decode_continue(token)
                 if snap_id not in self._snapshots:
-                    raise ExpiredError("the provided continue parameter is too old")
+                    raise ExpiredError(
+                        "The provided continue parameter is too old to display a consistent"
+                        " list result. You can start a new list without the continue"
+                        " parameter."
+                    )
                 rv, items = self._snapshots[snap_id]
             else:
-                rv = self.versions.current
+                rv = self.versions.current if at_rv is None else at_rv
+                objects = self._objects if at_rv is None else self._state_at(at_rv)
                 items = copy.deepcopy(
-                    [
-                        self._objects[k]
-                        for k in sorted(self._objects)
-                        if selector.matches(self._objects[k])
-                    ]
+                    [objects[k] for k in sorted(objects) if selector.matches(objects[k])]
                 )
                 snap_id, offset = "", 0
             end = len(items) if limit <= 0 else min(len(items), offset + limit)
@@ -232,6 +252,23 @@ class ObjectStore:
                 continue_token=next_token,
                 remaining=len(items) - end,
             )
+
+    def _state_at(self, rv: int) -> dict[Key, Obj]:
+        """The objects as they were at ``rv``, undoing the history after it (caller holds
+        ``cond``). ExpiredError when that history is gone."""
+        if rv < self._oldest_rv:
+            raise ExpiredError("The resourceVersion for the provided list is too old.")
+        objects = dict(self._objects)
+        for event in reversed(self._history):
+            if event.rv <= rv:
+                break
+            metadata = event.obj["metadata"]
+            key = (metadata.get("namespace") or "", metadata["name"])
+            if event.old is None:
+                objects.pop(key, None)
+            else:
+                objects[key] = event.old
+        return objects
 
     def current_matching(self, selector: Selector) -> list[Obj]:
         with self.cond:

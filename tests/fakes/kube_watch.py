@@ -9,7 +9,14 @@ current state as ADDED. Field and label selectors apply: an object that stops
 matching is sent as DELETED, one that starts matching as ADDED. With
 ``allowWatchBookmarks`` it also carries BOOKMARKs as the real watch cache
 sends them: every ``bookmark_frequency`` seconds (a minute by default) and
-once 2 s before the watch's deadline, plus any a test asks for. The test
+once 2 s before the watch's deadline, each only once the resourceVersion has
+moved past what the watch was opened at, that is once an object of the
+watched kind changed after the watch was opened, matching the selector or
+not (as the real cacher decides it: a watch replaying history gets none for
+the history, a quiet one none at all; one from "0" compares with the newest
+object it was sent), plus any a test asks for.
+A ``resourceVersion`` that is not an unsigned integer answers 500 (as the
+real server does, with no reason). The test
 controls (:class:`WatchControls`) reach every open stream of every kind: drop
 (no terminating chunk), end (cleanly), stall (the connection stays open and
 nothing is sent, not even the end, until unstalled). A stream whose client is
@@ -25,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakes.kube_selectors import Selector, SelectorError
+from tests.fakes.kube_selectors import Selector
 from tests.fakes.kube_store import ExpiredError, Obj, ObjectStore
 from tests.fakes.kube_wire import bookmark_object, status_body, typed
 
@@ -59,6 +66,7 @@ class WatchState:
     end_gen: int
     bookmark_gen: int
     next_bookmark: float | None = None
+    start_rv: int = 0  # scheduled bookmarks go out only once the kind moved past this
     pending: list[tuple[str, Obj]] = field(default_factory=list)
 
     def schedule_bookmark(self, now: float, frequency: float) -> None:
@@ -111,11 +119,17 @@ class WatchEndpoint:
             if raw_rv in ("", "0"):
                 # No version: synthetic ADDED for the current state, then changes.
                 state.pending = [("ADDED", o) for o in store.current_matching(selector)]
+                state.start_rv = store.newest_object_rv
             else:
-                try:
-                    state.cursor = int(raw_rv)
-                except ValueError as err:
-                    raise SelectorError(f"invalid resourceVersion: {raw_rv!r}") from err
+                if not raw_rv.isdigit():
+                    message = (
+                        f'resourceVersion: Invalid value: "{raw_rv}": strconv.ParseUint:'
+                        f' parsing "{raw_rv}": invalid syntax'
+                    )
+                    handler._send_json(500, status_body(500, message, reason=""))
+                    return
+                state.cursor = int(raw_rv)
+                state.start_rv = max(state.cursor, store.latest_change)
                 if state.cursor < store.oldest_rv and fake.gone_mode == "http":
                     raise ExpiredError(
                         f"too old resource version: {state.cursor} ({store.oldest_rv})"
@@ -179,7 +193,9 @@ class WatchEndpoint:
                     return "send", [state.bookmark()]
                 if state.next_bookmark is not None and now >= state.next_bookmark:
                     state.schedule_bookmark(now, fake.bookmark_frequency)
-                    return "send", [state.bookmark()]
+                    if store.latest_change > state.start_rv:
+                        return "send", [state.bookmark()]
+                    continue
                 if state.deadline is not None and now >= state.deadline:
                     return "end", []
                 wake = [t for t in (state.deadline, state.next_bookmark) if t is not None]

@@ -1,11 +1,23 @@
 """Fixtures: a running fake API server, a real ``kubernetes`` client pointed at it,
-a factory of clients naming themselves by User-Agent, and a factory of pod views."""
+a factory of clients naming themselves by User-Agent, and a factory of pod views;
+and for the fake's contract tests, ``apiserver``: the same test against the fake and
+against a real kube-apiserver (tests/realkube), through :mod:`tests.kube.servers`.
+
+The real param runs on two control planes of this directory's own, started once
+per run (a few seconds each) and only when a test asks: ``contract_plane``, as
+configured by default (the watch cache on: what a cluster serves), and
+``compacting_plane``, with the watch cache off, so that a compaction of etcd
+expires resourceVersions and continue tokens on demand (``expiring_apiserver``).
+Own planes rather than the shared ``realkube``: the tests create cluster-scoped
+Nodes by fixed names and list them all, which no other test may disturb.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import random
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import kubernetes.client
@@ -16,7 +28,10 @@ from agent.kube.informer import WatchPolicy
 from kit.clock import SystemClock
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.rawapi import client_for
+from tests.kube.realserver import RealApiServer, prepare
+from tests.kube.servers import ApiServer, FakeApiServer
 from tests.kube.support import NODE
+from tests.realkube.controlplane import ControlPlane, ControlPlaneError
 
 
 @pytest.fixture
@@ -93,3 +108,65 @@ def make_client(kube_apiserver: FakeKubeApiServer) -> Iterator[ClientFactory]:
     yield factory
     for client in clients:
         client.close()
+
+
+def _plane(
+    factory: pytest.TempPathFactory, binaries: dict[str, Path], name: str, *args: str
+) -> Iterator[ControlPlane]:
+    plane = ControlPlane(factory.mktemp(name), binaries=binaries, apiserver_args=args)
+    try:
+        plane.start()
+        prepare(plane)
+    except ControlPlaneError as err:
+        plane.stop()
+        pytest.fail(f"real control plane did not start: {err}", pytrace=False)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def contract_plane(
+    realkube_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver as a cluster runs them (watch cache on), for this directory."""
+    yield from _plane(tmp_path_factory, realkube_binaries, "contract")
+
+
+@pytest.fixture(scope="session")
+def compacting_plane(
+    realkube_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver serving every read from etcd (``--watch-cache=false``): a
+    compaction expires old resourceVersions at once, where a watch cache would still
+    serve them from its own history."""
+    yield from _plane(tmp_path_factory, realkube_binaries, "compacting", "--watch-cache=false")
+
+
+def _server(request: pytest.FixtureRequest, plane_fixture: str) -> Iterator[ApiServer]:
+    server: ApiServer
+    if request.param == "fake":
+        server = FakeApiServer(request.getfixturevalue("kube_apiserver"))
+        yield server
+        server.close()
+        return
+    plane = request.getfixturevalue(plane_fixture)
+    real = RealApiServer(plane, compacting=plane_fixture == "compacting_plane")
+    try:
+        yield real
+    finally:
+        real.close()
+        real.clean()
+
+
+@pytest.fixture(params=["fake", "real"])
+def apiserver(request: pytest.FixtureRequest) -> Iterator[ApiServer]:
+    """The fake, then a real kube-apiserver: one contract test, both servers."""
+    yield from _server(request, "contract_plane")
+
+
+@pytest.fixture(params=["fake", "real"])
+def expiring_apiserver(request: pytest.FixtureRequest) -> Iterator[ApiServer]:
+    """As ``apiserver``, on servers whose ``compact()`` expires every older version."""
+    yield from _server(request, "compacting_plane")

@@ -11,7 +11,7 @@ import http.client
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import kubernetes.client
@@ -20,6 +20,14 @@ from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 SMP = "application/strategic-merge-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class Reachable(Protocol):
+    """A server ``raw_request`` can reach: its URL (and TLS context, for https)."""
+
+    @property
+    def url(self) -> str: ...
 
 
 def client_for(server: FakeKubeApiServer, *, user_agent: str) -> kubernetes.client.ApiClient:
@@ -135,16 +143,24 @@ class Watch:
 
 
 def raw_request(
-    server: FakeKubeApiServer,
+    server: Reachable,
     method: str,
     path: str,
     *,
     body: bytes = b"",
     headers: Mapping[str, str] | None = None,
 ) -> Answer:
-    """A plain http.client request, for what the kubernetes client will not send."""
+    """A plain http.client request, for what the kubernetes client will not send (over
+    TLS with the server's ``ssl`` context, as admin, when it has one)."""
     url = urlsplit(server.url)
-    connection = http.client.HTTPConnection(url.hostname or "", url.port, timeout=5)
+    context = getattr(server, "ssl", None)
+    connection: http.client.HTTPConnection
+    if url.scheme == "https":
+        connection = http.client.HTTPSConnection(
+            url.hostname or "", url.port, timeout=10, context=context
+        )
+    else:
+        connection = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
     try:
         connection.request(method, path, body=body, headers=dict(headers or {}))
         response = connection.getresponse()

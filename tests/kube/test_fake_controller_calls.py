@@ -1,20 +1,25 @@
-"""The controller's own Kubernetes calls (controller/kube.py) against the fake API server:
-the fake answers them as the controller expects a real server to, and records them."""
+"""The controller's own Kubernetes calls (controller/kube.py) on the fake and on a real
+kube-apiserver (``apiserver``): each server answers them as the controller expects.
+That the fake records them as the controller's (its write logs) is the fake's alone
+(tests taking ``kube_apiserver``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from urllib.parse import urlencode
 
 import pytest
 
 from controller.conditions import ConditionStatus, NodeCondition
-from controller.errors import Conflict, NotFound
+from controller.errors import Conflict
 from controller.kube import KubeApi
 from controller.leasing import LeaseRecord, micro_time
 from controller.objects import node_condition
 from controller.writes.recorder import EventType, NodeEvent
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.conftest import ClientFactory
+from tests.kube.rawapi import call
+from tests.kube.servers import ApiServer
 
 pytestmark = pytest.mark.asyncio
 WALL = 1_740_823_200.0  # 2025-03-01T10:00:00Z
@@ -22,7 +27,14 @@ GPU = {"nvidia.com/gpu.present": "true"}
 
 
 @pytest.fixture
-def api(make_client: ClientFactory) -> Iterator[KubeApi]:
+def api(apiserver: ApiServer) -> Iterator[KubeApi]:
+    kube = KubeApi(apiserver.client("capwatch-controller/r0"), namespace="capwatch", identity="r0")
+    yield kube
+    kube.close()
+
+
+@pytest.fixture
+def fake_api(make_client: ClientFactory) -> Iterator[KubeApi]:
     kube = KubeApi(make_client("capwatch-controller/r0"), namespace="capwatch", identity="r0")
     yield kube
     kube.close()
@@ -39,58 +51,93 @@ def _condition(status: ConditionStatus, reason: str, heartbeat: float) -> NodeCo
 
 
 async def test_condition_patch_and_removal_leave_other_conditions(
-    kube_apiserver: FakeKubeApiServer, api: KubeApi
+    apiserver: ApiServer, api: KubeApi
 ) -> None:
-    """patch_condition adds GPUPowerCapEnforced beside the kubelet's Ready and later
-    patches replace it in place; remove_condition deletes only it; list_nodes by the
-    GPU label reads it back through node_condition; every write is logged as r0's."""
-    kube_apiserver.add_node("n1", labels=GPU)
-    kube_apiserver.add_node("cpu")
+    """patch_condition adds GPUPowerCapEnforced beside the kubelet's Ready (ahead of it,
+    as the real server orders a new element) and later patches replace it in place;
+    remove_condition deletes only it; list_nodes by the GPU label reads it back through
+    node_condition."""
+    apiserver.add_node("n1", labels=GPU)
+    apiserver.add_node("cpu")
     await api.patch_condition(
-        "n1", _condition(ConditionStatus.FALSE, "CapWriteFailed", WALL), deadline_s=5
+        "n1", _condition(ConditionStatus.FALSE, "CapWriteFailed", WALL), deadline_s=10
     )
     later = _condition(ConditionStatus.FALSE, "CapWriteFailed", WALL + 300)
-    await api.patch_condition("n1", later, deadline_s=5)
-    (node,) = await api.list_nodes(label_selector="nvidia.com/gpu.present=true", deadline_s=5)
-    assert [c["type"] for c in node["status"]["conditions"]] == ["Ready", "GPUPowerCapEnforced"]
+    await api.patch_condition("n1", later, deadline_s=10)
+    (node,) = await api.list_nodes(label_selector="nvidia.com/gpu.present=true", deadline_s=10)
+    assert [c["type"] for c in node["status"]["conditions"]] == ["GPUPowerCapEnforced", "Ready"]
     assert node_condition(node) == later
 
-    await api.remove_condition("n1", deadline_s=5)
-    current = kube_apiserver.node("n1")
+    await api.remove_condition("n1", deadline_s=10)
+    current = apiserver.node("n1")
     assert current is not None
     assert [c["type"] for c in current["status"]["conditions"]] == ["Ready"]
+
+
+async def test_condition_writes_are_logged_as_the_controllers(
+    kube_apiserver: FakeKubeApiServer, fake_api: KubeApi
+) -> None:
+    """The fake's write log: each of the controller's status writes under its
+    User-Agent, a removal of an absent condition included."""
+    kube_apiserver.add_node("n1", labels=GPU)
+    await fake_api.patch_condition(
+        "n1", _condition(ConditionStatus.TRUE, "CapsEnforced", WALL), deadline_s=5
+    )
+    await fake_api.remove_condition("n1", deadline_s=5)
+    await fake_api.remove_condition("n1", deadline_s=5)
     writes = kube_apiserver.node_status_writes("n1")
     assert [w.user_agent for w in writes] == ["capwatch-controller/r0"] * 3
 
 
-async def test_node_event_is_created_in_default(
-    kube_apiserver: FakeKubeApiServer, api: KubeApi
+async def test_node_event_is_created_in_default(apiserver: ApiServer, api: KubeApi) -> None:
+    """create_event posts a Node Event in ``default`` under the controller's name for it
+    (``<node>.<hex>``), which the server takes as is, also for a node name of 253
+    characters (an Event name far past a DNS subdomain's)."""
+    long_node = "n" * 253
+    for node in ("n1", long_node):
+        event = NodeEvent(node=node, type=EventType.WARNING, reason="R", message="m", wall=WALL)
+        await api.create_event(event, deadline_s=10)
+    events = {e["involvedObject"]["name"]: e for e in apiserver.events("default")}
+    assert events["n1"]["metadata"]["name"].startswith("n1.")
+    assert events["n1"]["involvedObject"]["kind"] == "Node"
+    assert (events["n1"]["reportingComponent"], events["n1"]["reportingInstance"]) == (
+        "capwatch.io/controller",
+        "r0",
+    )
+    assert events["n1"]["firstTimestamp"] == "2025-03-01T10:00:00Z"
+    assert events[long_node]["metadata"]["name"].startswith(long_node + ".")
+    query = urlencode({"fieldSelector": f"involvedObject.name={long_node}"})
+    found = call(apiserver.client(), "GET", f"/api/v1/events?{query}")
+    assert len(found.body["items"]) == 1
+
+
+async def test_node_event_is_logged_with_the_controllers_user_agent(
+    kube_apiserver: FakeKubeApiServer, fake_api: KubeApi
 ) -> None:
-    """create_event posts a Node Event in ``default`` that the fake accepts under the
-    controller's name for it, recorded with the controller's User-Agent."""
+    """The fake's write log has the Event under the controller's User-Agent."""
     event = NodeEvent(node="n1", type=EventType.WARNING, reason="R", message="m", wall=WALL)
-    await api.create_event(event, deadline_s=5)
+    await fake_api.create_event(event, deadline_s=5)
     (write,) = kube_apiserver.event_writes()
-    assert write.namespace == "default"
+    assert (write.namespace, write.user_agent) == ("default", "capwatch-controller/r0")
     assert write.name.startswith("n1.")
-    assert write.user_agent == "capwatch-controller/r0"
-    assert write.event["involvedObject"]["kind"] == "Node"
 
 
 async def test_lease_calls_meet_real_optimistic_concurrency(
-    kube_apiserver: FakeKubeApiServer, api: KubeApi
+    apiserver: ApiServer, api: KubeApi
 ) -> None:
     """get_lease of none is None; create_lease stores the MicroTime record; a second
     create is Conflict; update_lease at the read resourceVersion succeeds, at a stale one
-    is Conflict; an update of a Lease that is gone is NotFound."""
-    assert await api.get_lease("capwatch-controller-0", deadline_s=5) is None
+    is Conflict; an update of a Lease that is gone, from the object once read (its uid a
+    precondition), is Conflict too; from a record never read it creates the Lease
+    (Leases allow create on update: no NotFound ever comes back from a PUT)."""
+    assert await api.get_lease("capwatch-controller-0", deadline_s=10) is None
     now = micro_time(WALL)
     mine = LeaseRecord(holder="r0", lease_duration_s=15, acquire_time=now, renew_time=now)
-    created = await api.create_lease("capwatch-controller-0", mine, deadline_s=5)
+    created = await api.create_lease("capwatch-controller-0", mine, deadline_s=10)
     assert created.holder == "r0"
     assert created.resource_version
     with pytest.raises(Conflict):
-        await api.create_lease("capwatch-controller-0", mine, deadline_s=5)
+        await api.create_lease("capwatch-controller-0", mine, deadline_s=10)
 
     renewed = await api.update_lease(
         "capwatch-controller-0",
@@ -101,11 +148,45 @@ async def test_lease_calls_meet_real_optimistic_concurrency(
             renew_time=micro_time(WALL + 2),
             resource_version=created.resource_version,
         ),
-        deadline_s=5,
+        deadline_s=10,
     )
     assert renewed.renew_time == micro_time(WALL + 2)
     with pytest.raises(Conflict):
-        await api.update_lease("capwatch-controller-0", created, deadline_s=5)
-    with pytest.raises(NotFound):
-        await api.update_lease("capwatch-controller-9", created, deadline_s=5)
-    assert [w.holder for w in kube_apiserver.lease_writes("capwatch")] == ["r0", "r0"]
+        await api.update_lease("capwatch-controller-0", created, deadline_s=10)
+    with pytest.raises(Conflict):
+        await api.update_lease("capwatch-controller-9", renewed, deadline_s=10)
+    unread = LeaseRecord(
+        holder="r0",
+        lease_duration_s=15,
+        acquire_time=now,
+        renew_time=now,
+        resource_version=created.resource_version,
+    )
+    recreated = await api.update_lease("capwatch-controller-9", unread, deadline_s=10)
+    assert (recreated.holder, recreated.renew_time) == ("r0", now)
+    assert recreated.resource_version != created.resource_version
+    fetched = await api.get_lease("capwatch-controller-9", deadline_s=10)
+    assert fetched is not None
+    assert fetched.resource_version == recreated.resource_version
+
+
+async def test_lease_writes_are_logged_as_the_controllers(
+    kube_apiserver: FakeKubeApiServer, fake_api: KubeApi
+) -> None:
+    """The fake's write log: the controller's create and update under its holder."""
+    now = micro_time(WALL)
+    mine = LeaseRecord(holder="r0", lease_duration_s=15, acquire_time=now, renew_time=now)
+    created = await fake_api.create_lease("capwatch-controller-0", mine, deadline_s=5)
+    renewal = LeaseRecord(
+        holder="r0",
+        lease_duration_s=15,
+        acquire_time=now,
+        renew_time=micro_time(WALL + 2),
+        resource_version=created.resource_version,
+    )
+    await fake_api.update_lease("capwatch-controller-0", renewal, deadline_s=5)
+    writes = kube_apiserver.lease_writes("capwatch")
+    assert [(w.method, w.holder, w.user_agent) for w in writes] == [
+        ("POST", "r0", "capwatch-controller/r0"),
+        ("PUT", "r0", "capwatch-controller/r0"),
+    ]

@@ -1,6 +1,7 @@
 """Per-client fault injection in the fake API server: one client, named by a User-Agent
 substring, cut off (an error status, or a partition that hangs and drops its requests)
-while every other client still reaches the server."""
+while every other client still reaches the server. Fault injection: the real server
+cannot do this on demand, so these tests are the fake's alone."""
 
 from __future__ import annotations
 

@@ -1,13 +1,15 @@
 """The fake API server's Nodes: list (paged, by label), get, and watch, with the same
-resourceVersion, event and bookmark semantics as pods; raw calls as the controller's."""
+resourceVersion, event and bookmark semantics as pods; raw calls as the controller's.
+On the fake and on a real kube-apiserver (``apiserver``); the tests taking
+``kube_apiserver`` use the fake's fault injection and counters, which the real server
+cannot do on demand. 410s: test_fake_expiry."""
 
 from __future__ import annotations
-
-import pytest
 
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.conftest import ClientFactory
 from tests.kube.rawapi import Watch, call
+from tests.kube.servers import ApiServer
 
 GPU = {"nvidia.com/gpu.present": "true"}
 SELECTOR = "nvidia.com/gpu.present=true"
@@ -17,22 +19,21 @@ def _names(items: list[dict[str, object]]) -> list[str]:
     return [str(item["metadata"]["name"]) for item in items]  # type: ignore[index]
 
 
-def test_node_list_pages_a_consistent_label_selected_snapshot(
-    kube_apiserver: FakeKubeApiServer, make_client: ClientFactory
-) -> None:
+def test_node_list_pages_a_consistent_label_selected_snapshot(apiserver: ApiServer) -> None:
     """A NodeList by labelSelector, sorted by name, paged with limit/continue over the
-    snapshot of the first page (a node added meanwhile is not in page 2), with
-    remainingItemCount; items carry no kind/apiVersion; an expired token is 410."""
+    snapshot of the first page (a node added meanwhile is not in page 2), at the first
+    page's resourceVersion; remainingItemCount only without a selector; items carry no
+    kind/apiVersion; a fieldSelector by name selects one."""
     for name in ("n3", "n1", "n2"):
-        kube_apiserver.add_node(name, labels=GPU)
-    kube_apiserver.add_node("cpu-node", labels={"kubernetes.io/os": "linux"})
-    client = make_client("capwatch-controller/r0")
+        apiserver.add_node(name, labels=GPU)
+    apiserver.add_node("cpu-node", labels={"kubernetes.io/os": "linux"})
+    client = apiserver.client("capwatch-controller/r0")
 
     first = call(client, "GET", "/api/v1/nodes", query={"labelSelector": SELECTOR, "limit": "2"})
     assert first.status == 200
     assert (first.body["kind"], first.body["apiVersion"]) == ("NodeList", "v1")
-    assert first.body["metadata"]["remainingItemCount"] == 1
-    kube_apiserver.add_node("n0", labels=GPU)
+    assert "remainingItemCount" not in first.body["metadata"]
+    apiserver.add_node("n0", labels=GPU)
     second = call(
         client,
         "GET",
@@ -51,74 +52,75 @@ def test_node_list_pages_a_consistent_label_selected_snapshot(
     assert items[0]["metadata"]["labels"] == GPU
     assert [c["type"] for c in items[0]["status"]["conditions"]] == ["Ready"]
 
-    everything = call(client, "GET", "/api/v1/nodes")
-    assert _names(everything.body["items"]) == ["cpu-node", "n0", "n1", "n2", "n3"]
+    everything = call(client, "GET", "/api/v1/nodes", query={"limit": "2"})
+    assert _names(everything.body["items"]) == ["cpu-node", "n0"]
+    assert everything.body["metadata"]["remainingItemCount"] == 3
     by_name = call(client, "GET", "/api/v1/nodes", query={"fieldSelector": "metadata.name=n2"})
     assert _names(by_name.body["items"]) == ["n2"]
-
-    page = call(client, "GET", "/api/v1/nodes", query={"limit": "1"})
-    kube_apiserver.compact()
-    expired = call(
-        client,
-        "GET",
-        "/api/v1/nodes",
-        query={"limit": "1", "continue": page.body["metadata"]["continue"]},
+    schedulable = call(
+        client, "GET", "/api/v1/nodes", query={"fieldSelector": "spec.unschedulable=false"}
     )
-    assert (expired.status, expired.reason) == (410, "Expired")
+    assert _names(schedulable.body["items"]) == ["cpu-node", "n0", "n1", "n2", "n3"]
 
 
-def test_node_get_and_not_found(
-    kube_apiserver: FakeKubeApiServer, make_client: ClientFactory
-) -> None:
+def test_node_get_and_not_found(apiserver: ApiServer) -> None:
     """GET of one Node answers it with kind/apiVersion (also at /status); an unknown Node
-    is a 404 NotFound Status naming it; the test helper node() shows the same JSON."""
-    kube_apiserver.add_node("n1", labels=GPU, conditions=[])
-    client = make_client("t")
+    is a 404 NotFound Status naming it; the admin's read shows the same JSON."""
+    apiserver.add_node("n1", labels=GPU, conditions=[])
+    client = apiserver.client()
     got = call(client, "GET", "/api/v1/nodes/n1")
     assert got.status == 200
     assert (got.body["kind"], got.body["apiVersion"]) == ("Node", "v1")
-    assert got.body["status"] == {"conditions": []}
+    assert got.body["status"].get("conditions", []) == []
     assert call(client, "GET", "/api/v1/nodes/n1/status").body == got.body
-    node = kube_apiserver.node("n1")
+    node = apiserver.node("n1")
     assert node is not None
     assert {"kind": "Node", "apiVersion": "v1", **node} == got.body
     missing = call(client, "GET", "/api/v1/nodes/absent")
     assert (missing.status, missing.reason) == (404, "NotFound")
-    assert missing.body["details"]["name"] == "absent"
-    assert kube_apiserver.node("absent") is None
-    assert [r.kind for r in kube_apiserver.requests()] == ["node_get"] * 3
+    assert missing.body["details"] == {"name": "absent", "kind": "nodes"}
+    assert apiserver.node("absent") is None
 
 
-def test_node_watch_by_label_follows_nodes_joining_and_leaving(
+def test_node_requests_are_logged_by_kind(
     kube_apiserver: FakeKubeApiServer, make_client: ClientFactory
 ) -> None:
+    """The fake's request log (the real server's is its audit log): node GETs are
+    ``node_get``, lists and watches are counted apart from pods'."""
+    kube_apiserver.add_node("n1")
+    client = make_client("t")
+    call(client, "GET", "/api/v1/nodes/n1")
+    call(client, "GET", "/api/v1/nodes/n1/status")
+    call(client, "GET", "/api/v1/nodes")
+    assert [r.kind for r in kube_apiserver.requests()] == ["node_get", "node_get", "node_list"]
+
+
+def test_node_watch_by_label_follows_nodes_joining_and_leaving(apiserver: ApiServer) -> None:
     """A node watch by labelSelector from a resourceVersion: ADDED for a new GPU node,
-    DELETED when its label goes (stamped at that change), ADDED when it comes back,
-    DELETED when the Node is deleted; nodes never matching never show; a BOOKMARK
-    carries only the current resourceVersion; the stream ends by itself."""
-    start = str(kube_apiserver.resource_version)
-    kube_apiserver.add_node("n1", labels=GPU)
-    kube_apiserver.add_node("cpu", labels={})
-    kube_apiserver.update_node_labels("n1", {"nvidia.com/gpu.present": "false"})
-    left_at = str(kube_apiserver.resource_version)
-    kube_apiserver.update_node_labels("n1", GPU)
-    kube_apiserver.delete_node("n1")
+    DELETED when its label goes (its last matching state, stamped at that change), ADDED
+    when it comes back, DELETED when the Node is deleted; nodes never matching never
+    show; after a change made once it is open, a BOOKMARK carries only a resourceVersion;
+    the stream ends by itself."""
+    start = apiserver.resource_version()
+    apiserver.add_node("n1", labels=GPU)
+    apiserver.add_node("cpu", labels={})
+    left = apiserver.set_node_labels("n1", {"nvidia.com/gpu.present": "false"})
+    apiserver.set_node_labels("n1", GPU)
+    apiserver.delete_node("n1")
     watch = Watch(
-        make_client("capwatch-controller/r0"),
+        apiserver.client("capwatch-controller/r0"),
         "/api/v1/nodes",
         {
             "labelSelector": SELECTOR,
             "resourceVersion": start,
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": "3",
+            "timeoutSeconds": "4",
         },
     )
     try:
         events = [watch.next() for _ in range(4)]
-        kube_apiserver.bookmark()
-        bookmark = watch.next()
-        kube_apiserver.end_watches()
-        assert watch.rest() == []
+        later = apiserver.add_node("cpu-2")
+        rest = watch.rest()
     finally:
         watch.close()
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
@@ -129,78 +131,58 @@ def test_node_watch_by_label_follows_nodes_joining_and_leaving(
     ]
     assert all((e["object"]["kind"], e["object"]["apiVersion"]) == ("Node", "v1") for e in events)
     assert events[1]["object"]["metadata"]["labels"] == GPU
-    assert events[1]["object"]["metadata"]["resourceVersion"] == left_at
-    assert bookmark == {
-        "type": "BOOKMARK",
-        "object": {
-            "kind": "Node",
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(kube_apiserver.resource_version)},
-        },
-    }
-    assert kube_apiserver.requests("node_watch")[0].query["labelSelector"] == SELECTOR
+    assert events[1]["object"]["metadata"]["resourceVersion"] == left["metadata"]["resourceVersion"]
+    assert rest, "no BOOKMARK before the end"
+    assert {e["type"] for e in rest} == {"BOOKMARK"}
+    bookmark = rest[0]["object"]
+    assert (bookmark["kind"], bookmark["apiVersion"]) == ("Node", "v1")
+    assert list(bookmark["metadata"]) == ["resourceVersion"]
+    assert int(bookmark["metadata"]["resourceVersion"]) >= int(later["metadata"]["resourceVersion"])
 
 
-def test_node_watch_from_zero_and_quiet_bookmarks(
-    kube_apiserver: FakeKubeApiServer, make_client: ClientFactory
-) -> None:
+def test_node_watch_from_zero(apiserver: ApiServer) -> None:
     """With resourceVersion 0 a node watch starts with the current matching Nodes as
-    ADDED; a quiet one gets the watch cache's BOOKMARK 2 s before timeoutSeconds, then
-    its clean end. Pod and node watches are counted apart."""
-    kube_apiserver.add_node("n1", labels=GPU)
-    kube_apiserver.add_node("n2", labels={})
-    client = make_client("t")
+    ADDED; after them only BOOKMARKs (if any), then its clean end at timeoutSeconds."""
+    apiserver.add_node("n1", labels=GPU)
+    apiserver.add_node("n2", labels={})
     watch = Watch(
-        client,
+        apiserver.client(),
         "/api/v1/nodes",
         {
             "labelSelector": SELECTOR,
             "resourceVersion": "0",
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": "3",
+            "timeoutSeconds": "2",
         },
     )
     try:
         assert watch.take(1) == [("ADDED", "n1")]
-        assert kube_apiserver.open_watch_count("node_watch") == 1
-        assert kube_apiserver.open_watch_count("watch") == 0
         rest = watch.rest()
     finally:
         watch.close()
-    assert [e["type"] for e in rest] == ["BOOKMARK"]
-    assert rest[0]["object"]["metadata"]["resourceVersion"] == str(kube_apiserver.resource_version)
+    assert {e["type"] for e in rest} <= {"BOOKMARK"}
 
 
-@pytest.mark.parametrize("gone_mode", ["http", "event"])
-def test_expired_node_watch_is_410(
-    kube_apiserver: FakeKubeApiServer, make_client: ClientFactory, gone_mode: str
+def test_open_node_and_pod_watches_are_counted_apart(
+    kube_apiserver: FakeKubeApiServer, make_client: ClientFactory
 ) -> None:
-    """A node watch from before the compacted history is 410 Expired, as an HTTP 410 or
-    as an ERROR event on a 200 stream (``gone_mode``), as for pods."""
-    kube_apiserver.gone_mode = gone_mode  # type: ignore[assignment]
-    old = str(kube_apiserver.resource_version)
-    kube_apiserver.add_node("n1")
-    kube_apiserver.compact()
-    client = make_client("t")
-    query = {"resourceVersion": old, "timeoutSeconds": "1"}
-    if gone_mode == "http":
-        answer = call(client, "GET", "/api/v1/nodes", query={**query, "watch": "true"})
-        assert (answer.status, answer.reason) == (410, "Expired")
-        return
-    watch = Watch(client, "/api/v1/nodes", query)
+    """The fake's counter of open watch streams, by request kind."""
+    kube_apiserver.add_node("n1", labels=GPU)
+    watch = Watch(make_client("t"), "/api/v1/nodes", {"resourceVersion": "0"})
     try:
-        (event,) = watch.rest()
+        assert watch.take(1) == [("ADDED", "n1")]
+        assert kube_apiserver.open_watch_count("node_watch") == 1
+        assert kube_apiserver.open_watch_count("watch") == 0
     finally:
         watch.close()
-    assert event["type"] == "ERROR"
-    assert (event["object"]["code"], event["object"]["reason"]) == (410, "Expired")
 
 
 def test_node_list_and_watch_faults(
     kube_apiserver: FakeKubeApiServer, make_client: ClientFactory
 ) -> None:
-    """fail_next("node_list"/"node_watch") answer injected Status errors (429 with
-    Retry-After, 500, or an in-stream ERROR) to node requests only; pod lists pass."""
+    """Fault injection: the real server cannot do this on demand. fail_next("node_list"/
+    "node_watch") answer injected Status errors (429 with Retry-After, 500, or an
+    in-stream ERROR) to node requests only; pod lists pass."""
     kube_apiserver.add_node("n1")
     kube_apiserver.fail_next("node_list", 429, retry_after=2)
     kube_apiserver.fail_next("node_watch", 500, in_stream=True)
