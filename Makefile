@@ -100,6 +100,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/crash.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/events.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/controller.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/fencing.py --json bench/results/fencing.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --json bench/results/cluster.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cap_series.py
 	$(BIN)/python bench/plot.py

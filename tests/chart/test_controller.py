@@ -42,14 +42,16 @@ def test_controller_is_off_by_default(rendered: dict[str, Manifests]) -> None:
 
 def test_controller_objects(enabled: Manifests, rendered: dict[str, Manifests]) -> None:
     """controller.enabled adds exactly: its StatefulSet, Service, ServiceAccount, ClusterRole
-    and Role with bindings, and the cleanup hook (its own account, role, binding and Job)."""
+    and Role with bindings, the cleanup hook (its own account, role, binding and Job), and
+    the fencing policies with their bindings (the identity check and one per shard)."""
     agent_kinds = rendered["default"].kinds()
     added = sorted(enabled.kinds())
     for kind in agent_kinds:
         added.remove(kind)
     controller = ["StatefulSet", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
     hook = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"]
-    assert added == sorted([*controller, "Role", "RoleBinding", *hook])
+    fencing = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
+    assert added == sorted([*controller, "Role", "RoleBinding", *hook, *fencing])
     for kind in ("StatefulSet", "Service", "ServiceAccount", "ClusterRole", "Role"):
         labels = _named(enabled, kind, NAME)["metadata"]["labels"]
         assert labels["app.kubernetes.io/component"] == "controller"

@@ -225,3 +225,36 @@ def test_tokens_that_are_not_pod_bound_are_refused_and_a_shard_without_a_lease_i
     assert fenced.write_condition(unbound) == 403
     assert FENCED in fenced.last_refusal
     assert fenced.write_condition(one) == 200  # no Lease capwatch-controller-1 yet
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_helm_upgrade_with_another_shard_count_keeps_one_binding_per_shard(
+    helm: Helm, realkube: ControlPlane, realkube_namespace: str
+) -> None:
+    """Installed with 2 shards, upgraded to 3 then to 1: after each, the server holds the
+    identity binding and exactly one binding per shard, each naming its own Lease."""
+    base = [
+        "--namespace", realkube_namespace, "--kubeconfig", str(realkube.kubeconfig),
+        "--set", "controller.enabled=true",
+    ]  # fmt: skip
+    try:
+        for verb, shards in (("install", 2), ("upgrade", 3), ("upgrade", 1)):
+            done = helm.run(
+                verb, RELEASE, str(CHART), *base, "--set", f"controller.shards={shards}"
+            )
+            assert done.returncode == 0, done.stderr
+            bindings = realkube.request(
+                "GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+            )["items"]
+            ours = {
+                b["metadata"]["name"]: b["spec"].get("paramRef", {}).get("name")
+                for b in bindings
+                if b["metadata"]["name"].startswith(f"{CONTROLLER}-fencing")
+            }
+            assert ours == {
+                f"{CONTROLLER}-fencing": None,
+                **{f"{CONTROLLER}-fencing-{k}": f"capwatch-controller-{k}" for k in range(shards)},
+            }
+    finally:
+        helm.run("uninstall", RELEASE, *base[:4], "--no-hooks")

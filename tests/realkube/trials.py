@@ -1,0 +1,208 @@
+"""The leader-pause trial on the real API server, with and without the fencing policy.
+
+A shard's two replicas follow a pool of nodes; a trial makes every node's condition
+change at once (the pool stops, or starts again), and the moment the leader's first
+write of that burst reaches the API server the leader is frozen (SIGSTOP) with the
+rest of its writes queued or in flight. The standby takes the Lease over and writes;
+then the old leader is thawed (SIGCONT). What it sends after the takeover is a write
+by a replica that no longer holds the Lease: the audit log says, for each, whether
+the API server admitted it. Afterwards every node's condition must be what the new
+leader wrote (nothing stale from the old one left on top).
+
+Used by tests/realkube/test_fencing_trials.py (a few trials) and bench/fencing.py (20
+with the policy and 20 without, and the policy's window after a takeover).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from tests.controller.e2e.processes import Process, wait_until
+from tests.realkube.components import Scene
+
+WRITES = {("nodes", "status", "patch"), ("events", "", "create")}
+POD_NAME = "authentication.kubernetes.io/pod-name"
+
+
+@dataclass(frozen=True)
+class Audited:
+    """One request of a controller replica, as the API server's audit log has it."""
+
+    pod: str
+    verb: str
+    resource: str
+    subresource: str
+    code: int
+    received: datetime
+    done: datetime
+
+    @property
+    def write(self) -> bool:
+        return (self.resource, self.subresource, self.verb) in WRITES
+
+    @property
+    def admitted(self) -> bool:
+        return 200 <= self.code < 300
+
+
+def audited(path: Path, since: int, user: str) -> list[Audited]:
+    """The requests ``user`` made after byte ``since`` of the audit log, completed ones."""
+    if not path.exists():
+        return []
+    with path.open("rb") as log:
+        log.seek(since)
+        lines = log.read().splitlines()
+    found = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        who, ref = event.get("user", {}), event.get("objectRef")
+        if who.get("username") != user or not ref or event.get("stage") != "ResponseComplete":
+            continue
+        found.append(
+            Audited(
+                pod=(who.get("extra", {}).get(POD_NAME) or [""])[0],
+                verb=event["verb"],
+                resource=ref.get("resource", ""),
+                subresource=ref.get("subresource", ""),
+                code=int(event.get("responseStatus", {}).get("code", 0)),
+                received=_time(event["requestReceivedTimestamp"]),
+                done=_time(event["stageTimestamp"]),
+            )
+        )
+    return found
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class Trial:
+    """What one trial saw: the old leader's writes the server received after the
+    takeover, admitted and refused, and the nodes left with a stale condition."""
+
+    fenced: bool
+    leader: str
+    admitted_after: int
+    refused_after: int
+    stale: int
+    took_over_s: float  # from the freeze to the standby's winning Lease write
+
+
+@dataclass
+class Pair:
+    """Two replicas of one shard over a pool, in a scene of their own."""
+
+    scene: Scene
+    audit: Path
+    nodes: list[str]
+    replicas: dict[int, Process]
+    pool_running: bool = True
+
+    def leader(self) -> int:
+        holder = self.scene.holder()
+        for replica, process in self.replicas.items():
+            if holder.startswith(f"{self._pod(replica)}_") and process.popen.poll() is None:
+                return replica
+        raise AssertionError(f"no replica holds the Lease (holder {holder!r})")
+
+    def _pod(self, replica: int) -> str:
+        return f"{self.scene.release.manifests.one('StatefulSet')['metadata']['name']}-{replica}"
+
+    def expected(self) -> tuple[str, str]:
+        return ("True", "CapsEnforced") if self.pool_running else ("Unknown", "AgentUnreachable")
+
+    def wait_settled(self, timeout: float = 60.0) -> None:
+        """Every node carries the condition the pool's state calls for."""
+        want = self.expected()
+
+        def settled() -> bool:
+            return all(self._key(node) == want for node in self.nodes)
+
+        wait_until(settled, timeout=timeout, what=f"every node {want}")
+
+    def stale(self) -> int:
+        want = self.expected()
+        return sum(1 for node in self.nodes if self._key(node) != want)
+
+    def _key(self, node: str) -> tuple[str, str] | None:
+        found = self.scene.condition(node)
+        return None if found is None else (found["status"], found["reason"])
+
+    def toggle_pool(self) -> None:
+        if self.pool_running:
+            self.scene.pools[1].popen.kill()
+            self.scene.pools[1].popen.wait(10)
+        else:
+            self.scene.pool(self.nodes[0].rsplit("-", 1)[0] + "-", len(self.nodes))
+        self.pool_running = not self.pool_running
+
+    def trial(self, *, fenced: bool, settle_s: float) -> Trial:
+        user = self.scene.release.user("controller")
+        leader = self.leader()
+        old, new = self._pod(leader), self._pod(1 - leader)
+        mark = self.audit.stat().st_size
+        self.toggle_pool()
+        process = self.replicas[leader]
+
+        def first_write() -> bool:
+            return any(c.write and c.pod == old for c in audited(self.audit, mark, user))
+
+        wait_until(first_write, timeout=30, what="the leader's first write of the burst")
+        os.kill(process.popen.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            wait_until(
+                lambda: self.scene.holder().startswith(f"{new}_"), timeout=60, what="takeover"
+            )
+            took_over = time.monotonic() - frozen
+            time.sleep(settle_s)  # the new leader writes the burst
+        finally:
+            os.kill(process.popen.pid, signal.SIGCONT)
+        time.sleep(settle_s)  # what the old leader had queued or in flight lands, or not
+        stale = self.stale()  # before the new leader corrects what it sees on its watch
+        self.wait_settled()
+        calls = audited(self.audit, mark, user)
+        taken = min(
+            c.done
+            for c in calls
+            if c.pod == new and c.resource == "leases" and c.verb == "update" and c.admitted
+        )
+        late = [c for c in calls if c.pod == old and c.write and c.received > taken]
+        return Trial(
+            fenced=fenced,
+            leader=old,
+            admitted_after=sum(1 for c in late if c.admitted),
+            refused_after=sum(1 for c in late if c.code == 403),
+            stale=stale,
+            took_over_s=took_over,
+        )
+
+
+@contextmanager
+def started_pair(scene: Scene, audit: Path, *, nodes: int, heartbeat_s: float) -> Iterator[Pair]:
+    """``nodes`` GPU nodes with agent pods, a pool serving them, replicas 0 and 1 of the
+    StatefulSet, every node True."""
+    prefix = f"trial-{uuid.uuid4().hex[:6]}-"
+    names = [f"{prefix}{i}" for i in range(nodes)]
+    for name in names:
+        scene.gpu_node(name)
+        scene.agent_pod(name, scene.loopback.ip(1))
+    scene.pool(prefix, nodes)
+    scene.wait_cycled(names)
+    replicas = {r: scene.controller(r, heartbeat_s=heartbeat_s) for r in (0, 1)}
+    pair = Pair(scene=scene, audit=audit, nodes=names, replicas=replicas)
+    pair.wait_settled()
+    yield pair
