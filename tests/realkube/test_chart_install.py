@@ -23,7 +23,6 @@ from tests.realkube.controlplane import ControlPlane
 
 HOOK = "helm.sh/hook"
 MONITORING = {"ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
-PLURALS = {**MONITORING, "NetworkPolicy": "networkpolicies"}
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 INSTALLS = {**VARIANTS, "controller": ("--set", "controller.enabled=true")}
 
@@ -81,13 +80,16 @@ def _established(crd: dict[str, Any]) -> bool:
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
-def _path(obj: dict[str, Any], namespace: str) -> str:
-    """The collection an object is created in, from its apiVersion and kind."""
+def _path(realkube: ControlPlane, obj: dict[str, Any], namespace: str) -> str:
+    """The collection an object is created in: its plural and scope from the server's
+    own discovery of its apiVersion (so a new kind in the chart needs no table here)."""
     group_version, kind = obj["apiVersion"], obj["kind"]
-    plural = PLURALS.get(kind) or (kind.lower() + "s")
     prefix = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
-    cluster_scoped = kind in {"ClusterRole", "ClusterRoleBinding", "Namespace"}
-    return prefix + ("" if cluster_scoped else f"/namespaces/{namespace}") + f"/{plural}"
+    served = realkube.request("GET", prefix)["resources"]
+    found = [r for r in served if r["kind"] == kind and "/" not in r["name"]]
+    assert found, f"{group_version} serves no {kind}"
+    scope = f"/namespaces/{namespace}" if found[0]["namespaced"] else ""
+    return f"{prefix}{scope}/{found[0]['name']}"
 
 
 def _install(helm: Helm, realkube: ControlPlane, namespace: str, args: tuple[str, ...]) -> None:
@@ -131,10 +133,12 @@ def test_every_variant_installs_into_the_real_server(
             name = obj["metadata"]["name"]
             where = obj["metadata"].get("namespace", realkube_namespace)
             if HOOK in (obj["metadata"].get("annotations") or {}):
-                dry = realkube.request("POST", _path(obj, realkube_namespace) + "?dryRun=All", obj)
+                dry = realkube.request(
+                    "POST", _path(realkube, obj, realkube_namespace) + "?dryRun=All", obj
+                )
                 assert dry["metadata"]["name"] == name
                 continue
-            stored = realkube.request("GET", f"{_path(obj, where)}/{name}")
+            stored = realkube.request("GET", f"{_path(realkube, obj, where)}/{name}")
             assert stored["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
             _assert_defaulted(stored)
     finally:
