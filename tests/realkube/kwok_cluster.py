@@ -3,8 +3,8 @@
 The control plane runs kube-controller-manager (the DaemonSet and StatefulSet
 controllers among all the others) and kube-scheduler beside the API server, and KWOK
 keeps the fake GPU nodes Ready and the pods bound to them Running. Each node is made
-with a ``spec.podCIDR`` of its own, a /24 inside 127.0.0.0/8 (127.16.0.0/24,
-127.16.1.0/24, ...: room for 4,096 x 256 nodes), so the pod KWOK runs there gets an IP
+with a ``spec.podCIDR`` of its own, a /24 inside 127.0.0.0/8 (127.64.0.0/24,
+127.64.1.0/24, ... of 127.64.0.0/10: room for 16,384 nodes), so the pod KWOK runs there gets an IP
 from it: the agent pod the chart's DaemonSet puts on node N has a loopback address no
 other node's has, and a connection to it reaches whatever listens there (the
 ``capwatch pool`` serving every node). That is a real cluster's shape: the controller
@@ -29,11 +29,17 @@ from tests.realkube.controlplane import ControlPlane
 from tests.realkube.flags import KWOK_NODE_SELECTOR
 
 GPU_LABEL = ("nvidia.com/gpu.present", "true")
-POD_NETWORK = ipaddress.ip_network("127.16.0.0/12")
+POD_NETWORK = ipaddress.ip_network("127.64.0.0/10")
+# The API server refuses loopback addresses in Endpoints and EndpointSlices, so with
+# loopback pod IPs those controllers would retry every Service's endpoints for ever (at
+# 5,000 nodes: 6,000 refusals and 86 MB of log in ten minutes). Nothing here reads them.
+CONTROLLERS = (
+    "*,-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller"
+)
 
 
 def pod_cidr(index: int) -> str:
-    """Node ``index``'s podCIDR: the index-th /24 of 127.16.0.0/12."""
+    """Node ``index``'s podCIDR: the index-th /24 of 127.64.0.0/10."""
     if not 0 <= index < 2 ** (24 - POD_NETWORK.prefixlen):
         raise ValueError(f"no /24 left in {POD_NETWORK} for node {index}")
     return f"{ipaddress.ip_address(int(POD_NETWORK.network_address) + index * 256)}/24"
@@ -44,7 +50,7 @@ def kwok_plane(directory: Path, binaries: dict[str, Path]) -> Iterator[ControlPl
     """etcd, kube-apiserver, kube-controller-manager (no podCIDR allocation: the nodes
     bring their own), kube-scheduler and KWOK, stopped on the way out."""
     with ControlPlane(directory, binaries=binaries).start() as plane:
-        plane.start_controller_manager(cluster_cidr=None)
+        plane.start_controller_manager(controllers=CONTROLLERS, cluster_cidr=None)
         plane.start_scheduler()
         plane.start_kwok()
         yield plane
@@ -86,7 +92,10 @@ class KwokNodes:
 
     def _nodes(self) -> list[dict[str, Any]]:
         wanted = set(self.names)
-        items = self.plane.request("GET", "/api/v1/nodes?labelSelector=type%3Dkwok")["items"]
+        # From the watch cache (resourceVersion=0): polling thousands of nodes must not
+        # cost etcd a quorum read each time.
+        path = "/api/v1/nodes?labelSelector=type%3Dkwok&resourceVersion=0"
+        items = self.plane.request("GET", path)["items"]
         return [n for n in items if n["metadata"]["name"] in wanted]
 
     def wait_ready(self, *, timeout: float) -> None:
@@ -94,7 +103,7 @@ class KwokNodes:
 
     def running_pods(self, namespace: str, selector: str) -> dict[str, dict[str, Any]]:
         """The pods matching ``selector`` that are Running with an IP, by node."""
-        path = f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}"
+        path = f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}&resourceVersion=0"
         found = {}
         for pod in self.plane.request("GET", path)["items"]:
             status = pod.get("status", {})
@@ -142,4 +151,4 @@ def _wait(check: Any, timeout: float, what: str) -> None:
     while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
+        time.sleep(2.0)

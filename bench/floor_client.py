@@ -1,0 +1,50 @@
+"""The floor for the controller's memory: a bare grpc.aio client holding one connection
+per node, each with the same capwatch.v1 Watch stream open and read.
+
+``python bench/floor_client.py TARGETS`` (``NODE ADDRESS`` per line) opens a channel
+per address and a Watch per node, prints ``subscribed N`` once every stream has had its
+first message, and reads until SIGTERM. Its RSS is what holding the connections costs
+before anything capwatch's controller keeps per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+
+
+async def follow(channel: grpc.aio.Channel, node: str, first: asyncio.Event) -> None:
+    stub = pb_grpc.NodeHealthServiceStub(channel)
+    async for _ in stub.Watch(pb.WatchRequest(node_name=node)):
+        first.set()
+
+
+async def main(pairs: list[list[str]]) -> int:
+    channels = {address: grpc.aio.insecure_channel(address) for _, address in pairs}
+    firsts = [asyncio.Event() for _ in pairs]
+    tasks = [
+        asyncio.create_task(follow(channels[address], node, first))
+        for (node, address), first in zip(pairs, firsts, strict=True)
+    ]
+    await asyncio.gather(*(first.wait() for first in firsts))
+    print(f"subscribed {len(pairs)}", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+    for channel in channels.values():
+        await channel.close()
+    return 0
+
+
+if __name__ == "__main__":
+    text = Path(sys.argv[1]).read_text()
+    sys.exit(asyncio.run(main([line.split() for line in text.splitlines() if line.strip()])))
