@@ -8,19 +8,19 @@ one). Everything it builds is passed to its users by constructor.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.attribution import Attributor, FsProcRoot
+from agent.claims import ClaimView
 from agent.devices import inventory
 from agent.forgetting import ForgetRequests
 from agent.gpus import GpuBackend, GpuError
 from agent.health.faults import FaultTracker
 from agent.hub import Hub
 from agent.lifecycle import Agent
+from agent.nudge import Nudge
 from agent.ownership import LoadStatus, OwnershipStore
 from agent.podevents import PodEvents
 from agent.pods import PodView
@@ -28,12 +28,14 @@ from agent.reconciling import CycleListener, Policy, Reconciler
 from agent.reports import CycleReport
 from agent.running import AgentLoop, CycleThread
 from agent.settings import AgentSettings, BackendKind
+from agent.sim.claims import SimClaimView
 from agent.sim.limits import PersistentLimits
 from agent.sim.scenario import Scenario, default_scenario, load_scenario
 from agent.sim.views import SimGpuBackend, SimPodView
 from agent.sim.world import SimWorld
 from kit.clock import Clock, SystemClock
 from kit.errors import BackendUnavailable, CapwatchError, PodViewError
+from kit.scratch import ScratchDirectory
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class _Parts:
     listeners: tuple[CycleListener, ...] = ()
     cleanups: tuple[Callable[[], None], ...] = ()
     pod_events: PodEvents | None = None
+    claims: ClaimView | None = None
+    nudge: Nudge | None = None  # told by the watches when a cycle should come sooner
 
 
 def load_settings_scenario(settings: AgentSettings) -> Scenario:
@@ -118,6 +122,7 @@ def _assemble(
         listeners=parts.listeners,
         forget=ForgetRequests(settings.state_dir),
         faults=faults,
+        claims=parts.claims,
     )
     hub = Hub(
         clock=clock,
@@ -132,6 +137,7 @@ def _assemble(
         interval_s=settings.interval_s,
         cycle_thread=cycle_thread,
         on_report=_both(parts.pod_events.observe if parts.pod_events else None, on_report),
+        nudge=parts.nudge,
     )
     log.info(
         "agent assembled node=%s backend=%s gpus=%d interval=%gs stale_after=%gs",
@@ -189,27 +195,46 @@ def _simulated(settings: AgentSettings) -> _Parts:
     world = SimWorld(scenario, limits=limits)
     # The scenario's processes become real cgroup files so that the real
     # attribution code runs in simulation too.
-    proc_root = Path(tempfile.mkdtemp(prefix="capwatch-sim-proc-"))
+    # Removed at stop, or by the next simulator if this process is SIGKILLed.
+    scratch = ScratchDirectory("capwatch-sim-proc-")
+    proc_root = scratch.path
     world.materialise_procs(proc_root)
+    node_name = settings.node_name or scenario.node_name
+    # The scenario's claims and slices, joined by the real agent's code (agent.claims).
+    claims = (
+        SimClaimView(world, node=node_name, uuid_attribute=settings.dra_uuid_attribute)
+        if settings.dra_claims
+        else None
+    )
     return _Parts(
         backend=SimGpuBackend(world),
         pods=SimPodView(world),
         proc_root=proc_root,
-        node_name=settings.node_name or scenario.node_name,
+        node_name=node_name,
         listeners=(world,),
-        cleanups=(lambda: shutil.rmtree(proc_root, ignore_errors=True),),
+        cleanups=(scratch.close,),
+        claims=claims,
     )
 
 
 def _real(settings: AgentSettings, clock: Clock) -> _Parts:
     # Imported here so that the simulator (demo, tests) never loads NVML or the
     # Kubernetes client.
+    from agent.kube.claims import (  # noqa: PLC0415
+        RESOURCE_API,
+        SLICES_PATH,
+        ClaimInformer,
+        claims_path,
+    )
     from agent.kube.client import (  # noqa: PLC0415
+        CollectionRequests,
         KubernetesEventSink,
-        KubernetesPodView,
+        KubernetesPodRequests,
         api_client_from_environment,
+        group_version_served,
     )
     from agent.kube.informer import WatchPolicy  # noqa: PLC0415
+    from agent.kube.podview import PodInformer  # noqa: PLC0415
     from agent.nvml.backend import NvmlBackend  # noqa: PLC0415
 
     assert settings.node_name is not None  # settings validation guarantees it
@@ -218,16 +243,47 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
         api = api_client_from_environment(
             None if settings.kubeconfig is None else str(settings.kubeconfig)
         )
-        view = KubernetesPodView(
+        policy = WatchPolicy(
+            stale_after=settings.interval_s, silence_bound=settings.pod_silence_bound_s
+        )
+        nudge = Nudge()  # a pod bound here, a claim allocated here: cap it before it runs
+        view = PodInformer(
             node_name=settings.node_name,
-            api_client=api,
-            namespace=settings.pod_namespace,
-            clock=clock,
-            policy=WatchPolicy(
-                stale_after=settings.interval_s, silence_bound=settings.pod_silence_bound_s
+            requests=KubernetesPodRequests(
+                api, node_name=settings.node_name, namespace=settings.pod_namespace
             ),
+            clock=clock,
+            policy=policy,
+            on_new_pod=nudge,
         )
         view.start()
+        claims = None
+        # On a server without resource.k8s.io/v1 (before 1.34, or the group switched
+        # off) no claim can exist: annotations only, said once. Unknown: read them.
+        served = settings.dra_claims and group_version_served(
+            api, RESOURCE_API, timeout=settings.interval_s
+        )
+        if served is False and settings.dra_claims:
+            log.warning(
+                "%s is not served by this API server: caps come from pod annotations only "
+                "(--dra-claims=false says so without asking)",
+                RESOURCE_API,
+            )
+        elif settings.dra_claims:
+            # Claims have no field to select this node's by: all of them (or the release
+            # namespace's, with a namespaced Role), and this node's slices.
+            claims = ClaimInformer(
+                node_name=settings.node_name,
+                claims=CollectionRequests(api, path=claims_path(settings.pod_namespace)),
+                slices=CollectionRequests(
+                    api, path=SLICES_PATH, field_selector=f"spec.nodeName={settings.node_name}"
+                ),
+                clock=clock,
+                policy=policy,
+                uuid_attribute=settings.dra_uuid_attribute,
+                on_change=nudge,
+            )
+            claims.start()
     except Exception as exc:
         backend.close()
         if isinstance(exc, CapwatchError):
@@ -239,11 +295,14 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
             KubernetesEventSink(api_client=api, node_name=settings.node_name, clock=clock),
             annotation_key=settings.annotation_key,
         )
+    closers = () if events is None else (events.close,)
     return _Parts(
         backend=backend,
         pods=view,
         proc_root=settings.proc_root,
         node_name=settings.node_name,
-        cleanups=() if events is None else (events.close,),
+        cleanups=closers if claims is None else (*closers, claims.close),
         pod_events=events,
+        claims=claims,
+        nudge=nudge,
     )

@@ -1,11 +1,20 @@
-"""Cap policy: from the pods on a GPU to the one power limit to write.
+"""Cap policy: from the claims and pods on a GPU to the one power limit to write.
 
-One annotated pod gives its value; several pods that all carry the same valid
-value give that value; anything else (missing, invalid, disagreeing, or no
-known pod at all) gives ``safe_default_watts``. The result is then clamped to
-the GPU's settable range and the direction of any clamp is recorded.
+The precedence (docs/claims.md):
 
-Pure functions only: no I/O, never raises on annotation content.
+1. **Claims first.** When ResourceClaims allocated the GPU to pods of this node
+   and at least one of them asks a cap (a ``capwatch.io`` PowerCap config), the
+   claims decide, whatever the pods' annotations say: one claim gives its value;
+   several that agree give that value; a claim whose PowerCap is invalid, or
+   claims that disagree, give ``safe_default_watts`` (the claims named).
+2. **Else annotations**, as before claims existed: one annotated pod gives its
+   value; several pods that all carry the same valid value give that value;
+   anything else (missing, invalid, disagreeing, or no known pod at all) gives
+   ``safe_default_watts``.
+
+The result is then clamped to the GPU's settable range and the direction of any
+clamp is recorded. Pure functions only: no I/O, never raises on annotation or
+parameter content.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agent.claims import ClaimCap, ClaimRef
 from agent.gpus import PowerConstraints
 from agent.pods import PodInfo
 from agent.reports import CapSource, ClampDirection, SafeDefaultCause
@@ -51,6 +61,8 @@ class CapDecision:
     source: CapSource
     safe_default_cause: SafeDefaultCause | None
     clamp: ClampDirection
+    claims: tuple[ClaimRef, ...] = ()  # the claims that decided (rule 1)
+    problem: str | None = None  # why a claim's PowerCap was not taken, naming it
 
 
 def resolve_cap(
@@ -59,8 +71,12 @@ def resolve_cap(
     annotation_key: str,
     safe_default_watts: int,
     constraints: PowerConstraints,
+    claims: Sequence[ClaimCap] = (),
 ) -> CapDecision:
-    """Apply the cap policy to the pods whose processes run on one GPU."""
+    """Apply the cap policy to one GPU: the caps its claims ask (reserved for pods of this
+    node), else the annotations of the pods whose processes run on it."""
+    if claims:
+        return _from_claims(claims, safe_default_watts=safe_default_watts, constraints=constraints)
     requested: int | None = None
     cause: SafeDefaultCause | None = None
     if not pods:
@@ -91,6 +107,37 @@ def resolve_cap(
         source=source,
         safe_default_cause=cause,
         clamp=clamp,
+    )
+
+
+def _from_claims(
+    claims: Sequence[ClaimCap], *, safe_default_watts: int, constraints: PowerConstraints
+) -> CapDecision:
+    refs = tuple(sorted({cap.claim for cap in claims}))
+    invalid = [cap for cap in claims if cap.watts is None]
+    values = {cap.watts for cap in claims}
+    requested: int | None = None
+    cause: SafeDefaultCause | None = None
+    problem: str | None = None
+    if invalid:
+        cause = SafeDefaultCause.INVALID
+        problem = "; ".join(f"claim {cap.claim}: {cap.problem}" for cap in invalid)
+    elif len(values) > 1:
+        cause = SafeDefaultCause.DISAGREE
+        problem = "claims disagree: " + ", ".join(f"{c.claim} {c.watts} W" for c in claims)
+    else:
+        requested = claims[0].watts
+    resolved = requested if requested is not None else safe_default_watts
+    target, clamp = clamp_milliwatts(resolved * 1000, constraints)
+    return CapDecision(
+        requested_watts=requested,
+        resolved_watts=resolved,
+        target_milliwatts=target,
+        source=CapSource.CLAIM if requested is not None else CapSource.SAFE_DEFAULT,
+        safe_default_cause=cause,
+        clamp=clamp,
+        claims=refs,
+        problem=problem,
     )
 
 

@@ -128,6 +128,9 @@ def parse_power_cap(parameters: object) -> tuple[int | None, str | None]:
     if kind != KIND:
         return None, f"kind {kind!r} is not {KIND}"
     watts = parameters.get("watts")
+    # JSON has one number type: 450.0 is the integer 450, as JSON Schema says too.
+    if isinstance(watts, float) and watts.is_integer():
+        watts = int(watts)
     if isinstance(watts, bool) or not isinstance(watts, int):
         return None, f"watts {watts!r} is not an integer"
     if not 0 < watts <= MAX_WATTS:
@@ -201,8 +204,8 @@ def claims_snapshot(
             if key not in pools:
                 continue  # another node's device
             request = str(result.get("request") or "")
-            config = _cap_config(devices.get("config") or [], request)
-            if config is None:
+            applies, config = _cap_config(devices.get("config") or [], request)
+            if not applies:
                 continue  # this device's cap is not capwatch's to set
             watts, problem = parse_power_cap(config)
             uuid = uuids.get(key, {}).get(str(result.get("device") or ""))
@@ -220,10 +223,11 @@ def claims_snapshot(
     )
 
 
-def _cap_config(configs: Iterable[Mapping[str, Any]], request: str) -> object | None:
-    """The parameters of the last capwatch.io config that applies to ``request`` (later
-    entries override earlier ones, as DRA applies them), or None."""
-    found: object | None = None
+def _cap_config(configs: Iterable[Mapping[str, Any]], request: str) -> tuple[bool, object]:
+    """Whether a capwatch.io config applies to ``request``, and the parameters of the last
+    one that does (later entries override earlier ones, as DRA applies them; missing
+    parameters are None, which is not a PowerCap)."""
+    applies, found = False, None
     for config in configs:
         opaque = config.get("opaque") or {}
         if opaque.get("driver") != DRIVER:
@@ -231,8 +235,8 @@ def _cap_config(configs: Iterable[Mapping[str, Any]], request: str) -> object | 
         requests = config.get("requests") or []
         # A request of a claim with subrequests is named "<request>/<subrequest>".
         if not requests or request in requests or request.split("/", 1)[0] in requests:
-            found = opaque.get("parameters")
-    return found
+            applies, found = True, opaque.get("parameters")
+    return applies, found
 
 
 def _reserved_pods(reserved: Iterable[Mapping[str, Any]], namespace: str) -> tuple[PodRef, ...]:

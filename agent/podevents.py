@@ -112,6 +112,11 @@ def events_for(result: GpuResult, *, annotation_key: str) -> list[PodEvent]:
             f"{gpu} capped at {result.applied_watts} W, its {bound}: "
             f"{result.requested_watts or result.resolved_watts} W is outside its range"
         )
+    elif result.cap_source is CapSource.SAFE_DEFAULT and result.claims:
+        # The claims decided (docs/claims.md); the step's message names each and why.
+        kind, reason = EventType.WARNING, "PowerCapSafeDefault"
+        why = result.claim_problem or "its claims ask for no single valid cap"
+        message = f"{gpu} capped at the safe default {result.applied_watts} W: {why}"
     elif result.cap_source is CapSource.SAFE_DEFAULT:
         cause = result.safe_default_cause.value if result.safe_default_cause else "unknown"
         kind = EventType.NORMAL if cause in ("missing", "no_pod") else EventType.WARNING
@@ -121,11 +126,15 @@ def events_for(result: GpuResult, *, annotation_key: str) -> list[PodEvent]:
         ).format(key=annotation_key)
     else:
         kind, reason = EventType.NORMAL, "PowerCapApplied"
-        source = (
-            "as annotated" if result.cap_source is CapSource.ANNOTATION else "as all its pods ask"
-        )
-        message = f"{gpu} capped at {result.applied_watts} W, {source}"
+        message = f"{gpu} capped at {result.applied_watts} W, {_asked_by(result)}"
     return [PodEvent(pod=pod, type=kind, reason=reason, message=message) for pod in owners]
+
+
+def _asked_by(result: GpuResult) -> str:
+    if result.cap_source is CapSource.CLAIM:
+        claims = ", ".join(str(claim) for claim in result.claims)
+        return f"as claim {claims} asks" if len(result.claims) == 1 else f"as claims {claims} ask"
+    return "as annotated" if result.cap_source is CapSource.ANNOTATION else "as all its pods ask"
 
 
 _CAUSES = {

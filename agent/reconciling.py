@@ -36,9 +36,10 @@ from typing import Protocol
 
 from agent.attribution import Attributor
 from agent.capping import resolve_cap
+from agent.claims import ClaimsSnapshot, ClaimView, NoClaims
 from agent.folding import CycleBuilder
 from agent.forgetting import ForgetRequests
-from agent.gpus import GpuBackend, GpuError, WriteOutcome, WriteResult
+from agent.gpus import GpuBackend, GpuError, WriteOutcome
 from agent.health.faults import FaultTracker
 from agent.health.telemetry import NO_READINGS
 from agent.ownership import UNSAVED_CYCLES_LIMIT, OwnershipStore
@@ -51,16 +52,11 @@ from agent.reports import (
     Outcome,
     Reason,
 )
+from agent.results import WRITE_REASON, cap_message, failed_step, write_message, written_watts
 from kit.clock import Clock
 from kit.errors import PodViewError
 
 log = logging.getLogger(__name__)
-
-_WRITE_REASON = {
-    WriteOutcome.FAILED: Reason.WRITE_FAILED,
-    WriteOutcome.IDENTITY_MISMATCH: Reason.IDENTITY_MISMATCH,
-    WriteOutcome.IDENTITY_UNCONFIRMED: Reason.IDENTITY_UNCONFIRMED,
-}
 
 
 class CycleListener(Protocol):
@@ -103,9 +99,11 @@ class Reconciler:
         listeners: Sequence[CycleListener] = (),
         forget: ForgetRequests | None = None,
         faults: FaultTracker | None = None,
+        claims: ClaimView | None = None,
     ) -> None:
         self._backend = backend
         self._pods = pods
+        self._claims: ClaimView = claims or NoClaims()
         self._attributor = attributor
         self._store = store
         self._clock = clock
@@ -181,10 +179,17 @@ class Reconciler:
 
         try:
             snapshot = self._pods.snapshot()
+            claims = self._claims.snapshot()
         except PodViewError as exc:
             cycle.fail(CycleFailureKind.POD_VIEW_NOT_SYNCED, f"pod view not synced: {exc}")
             cycle.abort_reason = AbortReason.POD_VIEW_NOT_SYNCED
             return
+        for unmapped in claims.unmapped:
+            cycle.fail(
+                CycleFailureKind.CLAIM_DEVICE_UNMAPPED,
+                f"claim {unmapped.claim}: device {unmapped.device} has no UUID in this node's "
+                "ResourceSlices; its cap cannot be applied",
+            )
 
         seen: set[str] = set()
         all_idle_released = True
@@ -193,7 +198,7 @@ class Reconciler:
                 cycle.interrupted = True
                 return
             try:
-                result = self._reconcile_gpu(index, snapshot, seen)
+                result = self._reconcile_gpu(index, snapshot, claims, seen)
             except Exception as exc:  # the fold must go on to the next GPU
                 log.exception("unexpected error reconciling gpu=%d", index)
                 result = GpuResult(
@@ -241,9 +246,13 @@ class Reconciler:
                 "what this one capped",
             )
 
-    def _reconcile_gpu(self, index: int, snapshot: PodSnapshot, seen: set[str]) -> GpuResult:
+    def _reconcile_gpu(
+        self, index: int, snapshot: PodSnapshot, claims: ClaimsSnapshot, seen: set[str]
+    ) -> GpuResult:
         """The GPU's step, then the device's own health after it."""
-        result = self._step(index, snapshot, seen)
+        result = self._step(index, snapshot, claims, seen)
+        if result.uuid is not None and (named := claims.names.get(result.uuid)) is not None:
+            result = replace(result, dra_device=named)
         # Read after the write: the enforced limit read back shows what took.
         readings = self._backend.readings(index) if result.uuid is not None else NO_READINGS
         faults = self._faults.observe(
@@ -257,20 +266,24 @@ class Reconciler:
             result, faults=faults, readings=readings if result.uuid is not None else None
         )
 
-    def _step(self, index: int, snapshot: PodSnapshot, seen: set[str]) -> GpuResult:
+    def _step(
+        self, index: int, snapshot: PodSnapshot, claims: ClaimsSnapshot, seen: set[str]
+    ) -> GpuResult:
         try:
             uuid = self._backend.uuid(index)
         except GpuError as exc:
-            return _failed(index, None, Reason.UUID_READ_FAILED, exc, "UUID read failed")
+            return failed_step(index, None, Reason.UUID_READ_FAILED, exc, "UUID read failed")
         seen.add(uuid)
 
         try:
             pids = self._backend.processes(index)
         except GpuError as exc:
-            return _failed(index, uuid, Reason.PROCESS_LIST_FAILED, exc, "process list failed")
+            return failed_step(index, uuid, Reason.PROCESS_LIST_FAILED, exc, "process list failed")
 
         owned = self._store.get(uuid)
-        if not pids:
+        # A claim's cap applies from its allocation, before any process runs.
+        claimed = claims.for_gpu(uuid, snapshot.pods)
+        if not pids and not claimed:
             if owned is None and not self._release_unowned_idle:
                 return GpuResult(
                     index=index, uuid=uuid, outcome=Outcome.IDLE, reason=Reason.IDLE, message="idle"
@@ -278,10 +291,12 @@ class Reconciler:
             return self._release(index, uuid, owned.owners if owned else ())
 
         owners, pods = self._owners(pids, snapshot)
+        if claimed:
+            owners = tuple(sorted({*owners, *(pod for cap in claimed for pod in cap.pods)}))
         try:
             constraints = self._backend.constraints(index)
         except GpuError as exc:
-            return _failed(
+            return failed_step(
                 index,
                 uuid,
                 Reason.CONSTRAINTS_READ_FAILED,
@@ -295,6 +310,7 @@ class Reconciler:
             annotation_key=self._policy.annotation_key,
             safe_default_watts=self._policy.safe_default_watts,
             constraints=constraints,
+            claims=claimed,
         )
         # Claimed before writing: a write that fails (a timeout, say), hangs, or
         # is cut short by a shutdown may still take effect, and what the record
@@ -322,11 +338,13 @@ class Reconciler:
             uuid=uuid,
             outcome=Outcome.ENFORCED,
             reason=Reason.OK,
-            message=f"capped at {_watts(written)} W ({decision.source.value})",
+            message=cap_message(written_watts(written), decision),
             owners=owners,
+            claims=decision.claims,
+            claim_problem=decision.problem,
             requested_watts=decision.requested_watts,
             resolved_watts=decision.resolved_watts,
-            applied_watts=_watts(written),
+            applied_watts=written_watts(written),
             cap_source=decision.source,
             safe_default_cause=decision.safe_default_cause,
             clamp=decision.clamp,
@@ -337,8 +355,8 @@ class Reconciler:
         return replace(
             enforced,
             outcome=Outcome.FAILED,
-            reason=_WRITE_REASON[written.outcome],
-            message=_write_message("cap write", written),
+            reason=WRITE_REASON[written.outcome],
+            message=write_message("cap write", written),
             error_class=written.error_class,
             applied_watts=None,
         )
@@ -361,8 +379,8 @@ class Reconciler:
                 uuid=uuid,
                 outcome=Outcome.RELEASED,
                 reason=Reason.RELEASED,
-                message=f"owner gone; default {_watts(written)} W restored",
-                applied_watts=_watts(written),
+                message=f"owner gone; default {written_watts(written)} W restored",
+                applied_watts=written_watts(written),
                 owners=owners,
             )
         deferred = written.outcome is not WriteOutcome.FAILED
@@ -371,7 +389,7 @@ class Reconciler:
             uuid=uuid,
             outcome=Outcome.FAILED,
             reason=Reason.RELEASE_DEFERRED if deferred else Reason.RELEASE_FAILED,
-            message=_write_message("release", written),
+            message=write_message("release", written),
             error_class=written.error_class,
             owners=owners,
         )
@@ -431,38 +449,3 @@ class Reconciler:
                 )
         self._store.flush()
         return tuple(results)
-
-
-def _watts(written: WriteResult) -> int:
-    return round((written.applied_milliwatts or 0) / 1000)
-
-
-def _write_message(what: str, written: WriteResult) -> str:
-    if written.outcome is WriteOutcome.IDENTITY_MISMATCH:
-        return f"{what} skipped: device identity changed"
-    if written.outcome is WriteOutcome.IDENTITY_UNCONFIRMED:
-        return f"{what} skipped: device identity could not be confirmed"
-    cls = written.error_class.value if written.error_class else "unknown"
-    return f"{what} failed: {cls}"
-
-
-def _failed(
-    index: int,
-    uuid: str | None,
-    reason: Reason,
-    exc: GpuError,
-    what: str,
-    *,
-    owners: tuple[PodRef, ...] = (),
-    process_count: int = 0,
-) -> GpuResult:
-    return GpuResult(
-        index=index,
-        uuid=uuid,
-        outcome=Outcome.FAILED,
-        reason=reason,
-        message=f"{what}: {exc.error_class.value}",
-        error_class=exc.error_class,
-        owners=owners,
-        process_count=process_count,
-    )

@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass
 from enum import Enum
 
+from agent.claims import ClaimRef, DeviceName
 from agent.gpus import GpuErrorClass
 from agent.health.faults import Fault
 from agent.health.telemetry import DeviceEvent, Readings
@@ -47,6 +48,7 @@ class Reason(str, Enum):
 class CapSource(str, Enum):
     ANNOTATION = "annotation"  # one pod, valid annotation
     AGREED = "agreed"  # several pods, all valid and equal
+    CLAIM = "claim"  # the device's ResourceClaim(s), valid and equal
     SAFE_DEFAULT = "safe_default"  # anything else
 
 
@@ -54,7 +56,7 @@ class SafeDefaultCause(str, Enum):
     """Why the safe default was used (metrics and messages)."""
 
     MISSING = "missing"  # a pod had no annotation
-    INVALID = "invalid"  # a pod's annotation is not a valid integer wattage
+    INVALID = "invalid"  # a pod's annotation (a claim's PowerCap) is not a valid wattage
     DISAGREE = "disagree"  # several pods asked for different values
     NO_POD = "no_pod"  # the processes belong to no known pod
 
@@ -80,6 +82,8 @@ class CycleFailureKind(str, Enum):
     INTERNAL_ERROR = "internal_error"
     # The ownership record could not be saved for several cycles in a row.
     STATE_UNWRITABLE = STATE_UNWRITABLE_TOKEN
+    # A claim asks a cap of a device of this node no ResourceSlice names a UUID for.
+    CLAIM_DEVICE_UNMAPPED = "claim_device_unmapped"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +102,12 @@ class GpuResult:
     reason: Reason
     message: str
     owners: tuple[PodRef, ...] = ()
+    # The ResourceClaims whose capwatch.io config decided the cap (may be empty).
+    claims: tuple[ClaimRef, ...] = ()
+    # Why the claims' cap was not taken (an invalid PowerCap, claims disagreeing), naming them.
+    claim_problem: str | None = None
+    # The GPU as its DRA driver's ResourceSlice names it (None: no slice read names it).
+    dra_device: DeviceName | None = None
     error_class: GpuErrorClass | None = None
     requested_watts: int | None = None
     resolved_watts: int | None = None

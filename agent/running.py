@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from agent.folding import crashed_report
 from agent.hub import Hub
+from agent.nudge import MIN_GAP_S, SETTLE_S, Nudge
 from agent.reconciling import Reconciler
 from agent.reports import CycleReport
 from kit.clock import Clock
@@ -80,6 +81,7 @@ class AgentLoop:
         interval_s: float,
         cycle_thread: CycleThread,
         on_report: Callable[[CycleReport], None] | None = None,
+        nudge: Nudge | None = None,
     ) -> None:
         self._reconciler = reconciler
         self._hub = hub
@@ -87,21 +89,38 @@ class AgentLoop:
         self._interval_s = interval_s
         self._thread = cycle_thread
         self._on_report = on_report
+        self._nudge = nudge
         self.cycles = 0
+        self.early_cycles = 0
 
     async def run(self, stop: asyncio.Event, *, max_cycles: int | None = None) -> None:
         """Cycle until ``stop`` is set (or ``max_cycles`` have run)."""
+        nudged = self._nudge.bind() if self._nudge is not None else asyncio.Event()
         while not stop.is_set():
             report = await self.cycle_once()
             self.cycles += 1
             if max_cycles is not None and self.cycles >= max_cycles:
                 return
-            # The interval runs from the end of the cycle, not from when this loop
-            # got the report back: a loop busy serving thousands of streams first
-            # must not stretch the period.
-            since = self._clock.monotonic() - report.finished_monotonic
+            await self._pause(stop, nudged, report.finished_monotonic)
+
+    async def _pause(self, stop: asyncio.Event, nudged: asyncio.Event, finished: float) -> None:
+        """Until the interval is up (it runs from the end of the cycle, not from when
+        this loop got the report back: a loop busy serving thousands of streams must
+        not stretch the period), or sooner when nudged (agent/nudge.py)."""
+        while not stop.is_set():
+            left = self._interval_s - (self._clock.monotonic() - finished)
+            if left <= 0:
+                return
+            woken = await _first(stop, nudged, within=left)
+            if woken is not nudged:
+                return
+            nudged.clear()
+            gap = MIN_GAP_S - (self._clock.monotonic() - finished)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, self._interval_s - since))
+                await asyncio.wait_for(stop.wait(), max(SETTLE_S, gap))
+            nudged.clear()  # what arrived while settling is in the cycle about to run
+            self.early_cycles += 1
+            return
 
     async def cycle_once(self) -> CycleReport:
         """Run one cycle on the cycle thread, publish it, and return it."""
@@ -133,6 +152,17 @@ class AgentLoop:
         report = self._reconciler.reconcile_once()
         self._hub.publish(report)
         return report
+
+
+async def _first(*events: asyncio.Event, within: float) -> asyncio.Event | None:
+    """The first of ``events`` to be set within ``within`` seconds, or None."""
+    waiters = {asyncio.ensure_future(event.wait()): event for event in events}
+    try:
+        done, _ = await asyncio.wait(waiters, timeout=within, return_when="FIRST_COMPLETED")
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+    return next((waiters[w] for w in waiters if w in done), None)
 
 
 def _log_report(report: CycleReport) -> None:

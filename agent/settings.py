@@ -18,6 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 from agent.capping import DEFAULT_ANNOTATION_KEY, MAX_REQUEST_WATTS
+from agent.claims import DEFAULT_UUID_ATTRIBUTE
 from agent.health.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, XidPolicy, parse_xids
 from kit.errors import ConfigError
 from kit.flags import (
@@ -71,6 +72,8 @@ class AgentSettings:
     kubeconfig: Path | None
     pod_namespace: str | None  # None: pods in every namespace
     pod_events: bool  # Events on owner pods (Kubernetes pod view only)
+    dra_claims: bool  # caps from DRA ResourceClaims (Kubernetes pod view only)
+    dra_uuid_attribute: str  # the ResourceSlice device attribute holding the GPU UUID
     pod_silence_bound_s: float  # a silent pod watch is not trusted for longer
     shutdown_grace_s: float
     xid_policy: XidPolicy  # which XIDs are device faults
@@ -138,6 +141,16 @@ def _namespace(flag: str, text: str) -> str | None:
         return None
     if len(text) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", text):
         raise ConfigError(flag, f"not a valid namespace name: {text!r}")
+    return text
+
+
+def _attribute_name(flag: str, text: str) -> str:
+    """A device attribute's name: a C identifier, optionally qualified by a domain."""
+    domain, _, name = text.rpartition("/")
+    if (domain and not is_dns_subdomain(domain)) or not re.fullmatch(
+        r"[A-Za-z_][A-Za-z0-9_]{0,31}", name
+    ):
+        raise ConfigError(flag, f"not a ResourceSlice attribute name: {text!r}")
     return text
 
 
@@ -241,6 +254,23 @@ _OPTIONS = (
         "would say changes (Kubernetes pod view only; needs create on events)",
     ),
     Option(
+        flag="--dra-claims",
+        env="CAPWATCH_DRA_CLAIMS",
+        default="true",
+        convert=boolean,
+        help="take caps from DRA ResourceClaims allocated on this node (a capwatch.io "
+        "PowerCap config; docs/claims.md): list+watch of resourceclaims and of this node's "
+        "resourceslices (the sim backend: the scenario's claims)",
+    ),
+    Option(
+        flag="--dra-uuid-attribute",
+        env="CAPWATCH_DRA_UUID_ATTRIBUTE",
+        default=DEFAULT_UUID_ATTRIBUTE,
+        convert=_attribute_name,
+        help="the ResourceSlice device attribute that holds a GPU's UUID (the NVIDIA DRA "
+        "driver's: uuid)",
+    ),
+    Option(
         flag="--pod-silence-bound",
         env="CAPWATCH_POD_SILENCE_BOUND",
         default=f"{DEFAULT_POD_SILENCE_BOUND_S:g}",
@@ -305,6 +335,8 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         kubeconfig=values["kubeconfig"],
         pod_namespace=values["pod_namespace"],
         pod_events=values["pod_events"],
+        dra_claims=values["dra_claims"],
+        dra_uuid_attribute=values["dra_uuid_attribute"],
         pod_silence_bound_s=values["pod_silence_bound"],
         shutdown_grace_s=values["shutdown_grace"],
         xid_policy=XidPolicy(
@@ -322,12 +354,13 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
 
 def _check_combination(settings: AgentSettings) -> None:
     if settings.gpu_backend is BackendKind.NVML:
-        if settings.node_name is None:
-            raise ConfigError("--node-name", "required with the nvml backend (set NODE_NAME)")
+        # A simulator's flag first: it says which backend was meant (nvml is the default).
         if settings.scenario is not None:
             raise ConfigError("--scenario", "only meaningful with --gpu-backend sim")
         if settings.sim_limits_file is not None:
             raise ConfigError("--sim-limits-file", "only meaningful with --gpu-backend sim")
+        if settings.node_name is None:
+            raise ConfigError("--node-name", "required with the nvml backend (set NODE_NAME)")
         if not settings.proc_root.is_dir():
             raise ConfigError("--proc-root", f"{settings.proc_root} is not a directory")
     if settings.scenario is not None and not settings.scenario.is_file():

@@ -16,7 +16,21 @@ second, streams cost at most one heartbeat a second each, whatever they ask.
 
 from __future__ import annotations
 
+from google.protobuf.duration_pb2 import Duration
+
+from api.durations import seconds
+
 MIN_HEARTBEAT_S = 1.0
 MAX_HEARTBEAT_S = 3600.0
 MAX_FILTER_UUIDS = 256
 MAX_UUID_LENGTH = 128
+
+
+def requested_heartbeat(requested: Duration) -> float | None:
+    """The heartbeat period a Watch request asks for, in seconds; None for the server's
+    default (zero, sent or not: the protos say so, and a JSON client sending "0s" sets
+    the field). Raises :class:`~api.durations.DurationError` outside 1 s to 1 h (the
+    agent's Watch and the controller's cluster Watch alike)."""
+    if not (requested.seconds or requested.nanos):
+        return None
+    return seconds(requested, field="heartbeat_interval", low=MIN_HEARTBEAT_S, high=MAX_HEARTBEAT_S)

@@ -7,7 +7,11 @@ write of that burst reaches the API server, the standby takes the Lease over and
 writes, the old leader is thawed. Counted from the API server's audit log: the old
 leader's writes (Node status patches, Events) received after the takeover, admitted
 and refused, and nodes left with a stale condition. The target with the policy: 0
-admitted in every trial.
+admitted in every trial. Also counted, in both settings: the old leader's writes
+that left the process after their deadline (received after its thaw, which is after
+the takeover and so after every deadline they carried; the target: 0, since the API
+client does not send a request whose deadline has passed), those on the wire when it
+froze, and, from its metrics, those it dropped instead (``expired``).
 
 The window: the Lease's holder is moved (a PUT as admin) while a replica's pod-bound
 token writes a Node's status in a tight loop; from the PUT's answer to the first
@@ -63,10 +67,16 @@ def trials(
                 print(
                     f"  {'with' if fenced else 'without'} the policy, trial {k + 1:2}: "
                     f"old leader's writes after the takeover admitted {trial.admitted_after}, "
-                    f"refused {trial.refused_after}; stale nodes {trial.stale}; "
-                    f"takeover {trial.took_over_s:.1f} s",
+                    f"refused {trial.refused_after}; left after their deadline "
+                    f"{trial.left_after_deadline}, on the wire at the freeze "
+                    f"{trial.in_flight_at_freeze}, dropped {trial.dropped}; stale nodes "
+                    f"{trial.stale}; takeover {trial.took_over_s:.1f} s",
                     flush=True,
                 )
+                for late in trial.late:
+                    print(f"    left after its deadline: {late}", flush=True)
+                if trial.stale_seen:
+                    print(f"    stale nodes carried: {', '.join(trial.stale_seen)}", flush=True)
                 done.append(trial)
     return done
 
@@ -136,16 +146,27 @@ def summary(name: str, done: list[Trial]) -> dict[str, Any]:
     admitted = sum(t.admitted_after for t in done)
     refused = sum(t.refused_after for t in done)
     with_late = sum(1 for t in done if t.admitted_after)
+    left = sum(t.left_after_deadline for t in done)
+    applied_late = sum(t.applied_after_deadline for t in done)
+    on_wire = sum(t.in_flight_at_freeze for t in done)
+    dropped = None if any(t.dropped is None for t in done) else sum(t.dropped or 0 for t in done)
     print(
         f"{name}: {len(done)} trials; old leader's writes after the takeover: admitted "
-        f"{admitted} (in {with_late} trials), refused {refused}; stale nodes "
-        f"{sum(t.stale for t in done)}"
+        f"{admitted} (in {with_late} trials), refused {refused}; left after their deadline "
+        f"{left} (in {sum(1 for t in done if t.left_after_deadline)} trials; applied "
+        f"{applied_late}), on the wire at "
+        f"the freeze {on_wire}, dropped {dropped}; stale nodes {sum(t.stale for t in done)}"
     )
     return {
         "trials": len(done),
         "admitted": admitted,
         "trials_with_admitted": with_late,
         "refused": refused,
+        "left_after_deadline": left,
+        "trials_with_left_after_deadline": sum(1 for t in done if t.left_after_deadline),
+        "applied_after_deadline": applied_late,
+        "in_flight_at_freeze": on_wire,
+        "dropped": dropped,
         "stale": sum(t.stale for t in done),
         "takeover_s": [round(t.took_over_s, 2) for t in done],
     }
@@ -189,6 +210,8 @@ def main() -> int:
     }
     verdict = figures["with_policy"]["admitted"] == 0
     print(f"target: 0 admitted with the policy: {'met' if verdict else 'MISSED'}")
+    sent_late = sum(figures[k]["left_after_deadline"] for k in ("with_policy", "without_policy"))
+    print(f"target: 0 writes left after their deadline: {'met' if not sent_late else 'MISSED'}")
     if args.json is not None:
         args.json.write_text(json.dumps({"source": this_run(), **figures}, indent=2) + "\n")
     with contextlib.suppress(OSError):

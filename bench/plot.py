@@ -26,6 +26,10 @@ per round; ``{p}``: ``{"p50", "p99"}`` in ms):
 - ``cluster.json`` (bench/cluster.py): ``nodes``, ``runs[]`` one per shard
   count, each with ``shards``, ``controllers[]`` (``cores``, ``rss_mib``) and
   ``latency_ms``: ``to_false`` {p}, ``to_true`` {p}, ``stream`` {p}.
+- ``fencing.json`` (bench/fencing.py): ``with_policy`` and ``without_policy``,
+  each with ``trials``, ``admitted``, ``refused``, ``left_after_deadline``,
+  ``applied_after_deadline``, ``dropped`` and ``takeover_s[]`` (one per
+  trial); ``window_ms``: ``median``, ``max``.
 
     python bench/plot.py [--results DIR] [--out DIR]     # make bench-plots
 """
@@ -424,12 +428,58 @@ def cluster(figures: dict[str, Any]) -> Figure:
     return fig
 
 
+FENCING_COUNTS = {
+    "admitted": "admitted after\nthe takeover",
+    "refused": "refused after\nthe takeover",
+    "left_after_deadline": "left after\ntheir deadline",
+    "applied_after_deadline": "of those,\napplied",
+    "dropped": "dropped\n(deadline passed)",
+}
+
+
+def fencing(figures: dict[str, Any]) -> Figure:
+    """The leader-pause trial: the old leader's writes, with the policy and without."""
+    settings = (("with_policy", "with the policy"), ("without_policy", "without"))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    ours = [_number(figures, "with_policy", key) for key in FENCING_COUNTS]
+    theirs = [_number(figures, "without_policy", key) for key in FENCING_COUNTS]
+    _paired_bars(left, list(FENCING_COUNTS.values()), ours, theirs, ("with the policy", "without"))
+    trials = int(_number(figures, "with_policy", "trials"))
+    left.set_title(
+        f"the old leader's writes, summed over {trials} trials each "
+        "(target with the policy: 0 admitted)",
+        fontsize=10,
+    )
+    left.set_ylabel("writes")
+    left.legend(loc="upper right", fontsize=8)
+    for x, (key, _) in enumerate(settings):
+        taken = _numbers(figures, key, "takeover_s")
+        right.scatter([x] * len(taken), taken, color=(CAPWATCH, BARE)[x], alpha=0.6)
+        right.hlines(statistics.median(taken), x - 0.25, x + 0.25, color=TARGET)
+    right.set_xticks(range(len(settings)), [label for _, label in settings])
+    right.set_xlim(-0.6, len(settings) - 0.4)
+    right.set_ylim(0, None)
+    right.set_ylabel("s")
+    window = (
+        f"{_number(figures, 'window_ms', 'median'):g} / {_number(figures, 'window_ms', 'max'):g}"
+    )
+    right.set_title(
+        f"freeze -> standby's Lease write, per trial (line: median)\n"
+        f"the policy's window after a takeover, median / max: {window} ms",
+        fontsize=10,
+    )
+    fig.suptitle("A leader frozen mid-burst on the real API server (bench/fencing.py)")
+    _footer(fig, figures)
+    return fig
+
+
 PLOTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "cycle": cycle,
     "stream": stream,
     "fanout": fanout,
     "readyz": readyz,
     "cluster": cluster,
+    "fencing": fencing,
 }
 
 

@@ -48,6 +48,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` parsed; a flag nobody knows is reported before a missing command (argparse
+    says only that the command is missing), and after a command in its name: its
+    subparser collected it."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        prog = "capwatch" if args.command is None else f"capwatch {args.command}"
+        _Parser(prog=prog).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is None:
+        parser.error(f"a command is required: one of {', '.join(COMMANDS)} (see --help)")
+    return args
+
+
 class _Version(argparse.Action):
     """``--version``: reads the installed package's metadata only when asked."""
 
@@ -69,7 +82,8 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line; with ``only``, the options of that subcommand alone ("": none)."""
     parser = _Parser(prog="capwatch", description="GPU power-cap agent for Kubernetes nodes.")
     parser.add_argument("--version", action=_Version, help="print the version and exit")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # Not required=True: _parse says a command is missing once no flag is unknown.
+    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
     for name, summary in COMMANDS.items():
         command = commands.add_parser(name, help=summary)
         if only in (None, name):
@@ -134,7 +148,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     argv = sys.argv[1:] if argv is None else list(argv)
     # No subcommand named (--help, a typo): none of their options are needed.
     only = argv[0] if argv and argv[0] in COMMANDS else ""
-    args = _parser(only).parse_args(argv)
+    args = _parse(_parser(only), argv)
     prog = f"capwatch {args.command}"
     try:
         return _run(args, environ)

@@ -41,6 +41,7 @@ from client.retrying import (
     MonotonicClock,
     RetryingClient,
     checked_heartbeat,
+    duration_seconds,
     silence_after,
 )
 from client.stream_events import (
@@ -172,6 +173,8 @@ class ClusterHealthClient(RetryingClient):
         kind = message.WhichOneof("event")
         if kind == "snapshot":
             page: cpb.ClusterSnapshot = message.snapshot
+            for node in page.nodes:
+                _check_node(node, "snapshot.nodes")
             self._pages.append(page)
             if page.more:
                 return None  # applied whole, at its last page
@@ -188,6 +191,7 @@ class ClusterHealthClient(RetryingClient):
             )
         if kind == "update":
             update: cpb.NodeUpdate = message.update
+            _check_node(update.node, "update.node")
             self._sequence = update.sequence
             return NodeUpdate(update=update, received_at=now)
         if kind == "heartbeat":
@@ -197,6 +201,13 @@ class ClusterHealthClient(RetryingClient):
             self._instance = self._instance or heartbeat.controller_instance_id
             return ClusterHeartbeat(heartbeat=heartbeat, received_at=now)
         return None  # an event kind from a newer controller: skip it
+
+
+def _check_node(node: cpb.NodeHealth, where: str) -> None:
+    """Raise MalformedMessage when the node's cycle age is no Duration (so that no
+    consumer's ``ToTimedelta()`` can raise)."""
+    if node.HasField("last_cycle_age"):
+        duration_seconds(node.last_cycle_age, f"{where}.last_cycle_age")
 
 
 def _page(

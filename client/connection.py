@@ -17,6 +17,7 @@ from api.endpoints import AGENT_SOCKET
 from kit.addresses import host_port
 from kit.errors import ConfigError
 from kit.flags import Option, optional_path
+from kit.tls import ca_flag, pair_flags
 
 DEFAULT_TARGET = f"unix://{AGENT_SOCKET}"
 
@@ -106,7 +107,7 @@ CONNECTION_OPTIONS = (
 
 def connection(values: Mapping[str, Any]) -> Connection:
     """The connection from :data:`CONNECTION_OPTIONS`' values (``read_options``), checked
-    as a whole: TLS only over TCP, cert and key together, every file readable."""
+    as a whole: TLS only over TCP, cert and key together, every file usable PEM."""
     made = Connection(
         target=values["target"],
         tls_ca=values["tls_ca"],
@@ -123,13 +124,12 @@ def connection(values: Mapping[str, Any]) -> Connection:
         )
     if made.tls_server_name and not made.tls:
         raise ConfigError("--tls-server-name", "needs TLS (--tls-ca or --tls-cert)")
-    for flag, path in (
-        ("--tls-ca", made.tls_ca),
-        ("--tls-cert", made.tls_cert),
-        ("--tls-key", made.tls_key),
-    ):
-        if path is not None and not path.is_file():
-            raise ConfigError(flag, f"{path} is not a readable file")
+    # PEM that loads, and a key that fits its certificate: checked as gRPC will use them,
+    # so a bad file is one line now, not every connection failing later.
+    if made.tls_ca is not None:
+        ca_flag("--tls-ca", made.tls_ca)
+    if made.tls_cert is not None and made.tls_key is not None:
+        pair_flags("--tls-cert", made.tls_cert, "--tls-key", made.tls_key)
     return made
 
 

@@ -53,6 +53,7 @@ from client.retrying import (
     MonotonicClock,
     RetryingClient,
     checked_heartbeat,
+    duration_seconds,
     silence_after,
 )
 from client.stream_events import (
@@ -243,23 +244,32 @@ class NodeHealthClient(RetryingClient):
         return silence_after(self._heartbeat_s or self._interval_s)
 
     def _on_watch(self, message: Any, now: float) -> Event | None:
+        """The event for ``message``; raises MalformedMessage for one whose Durations are
+        none (every one is checked here, so no consumer's ``ToTimedelta()`` can raise)."""
         kind = message.WhichOneof("event")
         if kind == "snapshot":
             snapshot: pb.NodeSnapshot = message.snapshot
+            interval_s = duration_seconds(snapshot.interval, "snapshot.interval")
+            duration_seconds(snapshot.stale_after, "snapshot.stale_after")
+            _check_readiness(snapshot.readiness, "snapshot.readiness")
+            if snapshot.HasField("last_cycle"):
+                _check_cycle(snapshot.last_cycle, "snapshot.last_cycle")
             restarted = self._instance not in ("", snapshot.agent_instance_id)
             self._instance, self._sequence = snapshot.agent_instance_id, snapshot.sequence
-            self._interval_s = snapshot.interval.ToTimedelta().total_seconds() or None
+            self._interval_s = interval_s or None
             self._observe(snapshot.readiness, now)
             return Snapshot(
                 snapshot=snapshot, resync=snapshot.resync, restarted=restarted, received_at=now
             )
         if kind == "cycle":
             cycle: pb.CycleReport = message.cycle
+            _check_cycle(cycle, "cycle")
             self._sequence = cycle.sequence
             self._observe(cycle.readiness, now)
             return Cycle(cycle=cycle, received_at=now)
         if kind == "heartbeat":
             heartbeat: pb.Heartbeat = message.heartbeat
+            _check_readiness(heartbeat.readiness, "heartbeat.readiness")
             # Not its last_sequence: a cycle sent just after it may not have
             # arrived, and resuming past it would lose that cycle.
             self._instance = self._instance or heartbeat.agent_instance_id
@@ -269,3 +279,14 @@ class NodeHealthClient(RetryingClient):
 
     def _observe(self, readiness: pb.Readiness, now: float) -> None:
         self._readiness = ObservedReadiness(readiness=readiness, received_at=now)
+
+
+def _check_readiness(readiness: pb.Readiness, where: str) -> None:
+    for field in ("last_good_cycle_age", "last_cycle_age"):
+        if readiness.HasField(field):
+            duration_seconds(getattr(readiness, field), f"{where}.{field}")
+
+
+def _check_cycle(cycle: pb.CycleReport, where: str) -> None:
+    duration_seconds(cycle.duration, f"{where}.duration")
+    _check_readiness(cycle.readiness, f"{where}.readiness")

@@ -11,6 +11,15 @@ channel and calls again. What the call is, what it asks for on each attempt
 :class:`~client.node_health.NodeHealthClient` follows a node agent,
 :class:`~client.cluster_health.ClusterHealthClient` a controller.
 
+A message that parses but makes no sense (a Duration no timedelta holds, a
+negative interval: :class:`MalformedMessage`, raised by the subclass's reading
+of it) is a failure like any other: the stream is dropped, one throttled
+warning says why, the Disconnected says so (``malformed``), and the client
+waits its backoff before calling again; neither it nor the good messages
+before it on that stream reset ``attempt``, so a peer whose every stream goes
+bad waits longer each time. Never an exception out of the iteration, never a
+reconnect loop without backoff.
+
 It never gives up on its own: the consumer stops iterating, cancels, or calls
 :meth:`RetryingClient.close`, which ends an iteration at once, even in the
 middle of a backoff wait.
@@ -28,15 +37,20 @@ from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
 
+from api.durations import DurationError, seconds
 from api.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
 from client.channels import SharedChannels
 from client.stream_events import Disconnected
 from kit.backoff import LOCAL_CHANNEL_OPTIONS, Backoff, is_local, local_backoff
 from kit.clock import SystemClock
 from kit.errors import CapwatchError, ConfigError
+from kit.throttling import ThrottledLog
 
 log = logging.getLogger(__name__)
+# One budget for the whole process: however many peers send nonsense, a few lines.
+_malformed_log = ThrottledLog(log)
 
 DEFAULT_SNAPSHOT_TIMEOUT_S = 5.0
 # A stream is presumed dead after this many heartbeat periods without a message.
@@ -63,6 +77,18 @@ class ClientError(CapwatchError):
     def __init__(self, message: str, *, code: grpc.StatusCode | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class MalformedMessage(ClientError):
+    """A message that parsed but does not make sense (the subclass's reading of it)."""
+
+
+def duration_seconds(duration: Duration, field: str) -> float:
+    """A Duration a peer sent, in non-negative seconds; MalformedMessage when it is none."""
+    try:
+        return seconds(duration, field=field)
+    except DurationError as exc:
+        raise MalformedMessage(str(exc)) from exc
 
 
 class MonotonicClock(Protocol):
@@ -230,6 +256,7 @@ class RetryingClient:
         attempt = 0
         try:
             while not self._closed.is_set():
+                malformed, failures_before = False, attempt
                 channel = self._stream_channel = self._open_channel()
                 call = self._call = open_call(channel)
                 try:
@@ -248,8 +275,15 @@ class RetryingClient:
                         if message is grpc.aio.EOF:
                             code, error = await call.code(), f"stream ended by the {self.peer}"
                             break
+                        try:
+                            event = on_message(message, self._clock.monotonic())
+                        except MalformedMessage as exc:
+                            # Good messages before it were not a recovery: a peer whose
+                            # every stream goes bad waits longer each time.
+                            code, error, malformed = None, self._dropped(exc), True
+                            attempt = failures_before
+                            break
                         attempt = 0
-                        event = on_message(message, self._clock.monotonic())
                         if event is not None:
                             yield event
                 finally:
@@ -257,30 +291,43 @@ class RetryingClient:
                     await _end(call, None if channel is self._shared else channel)
                 if self._closed.is_set():
                     return
-                retry_in = self.reconnect_backoff.delay(attempt, self._rng)
-                log.info(
-                    "stream lost target=%s code=%s error=%r attempt=%d retry_in=%.3f",
-                    self.target,
-                    code.name if code else "none",
-                    error,
-                    attempt,
-                    retry_in,
-                )
-                yield Disconnected(
-                    error=error,
-                    code=code,
-                    retry_in=retry_in,
-                    attempt=attempt,
-                    received_at=self._clock.monotonic(),
-                )
+                yield (lost := self._lost(code, error, attempt, malformed=malformed))
                 attempt += 1
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(closed), retry_in)
+                    await asyncio.wait_for(asyncio.shield(closed), lost.retry_in)
         finally:
             closed.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await closed
             self._busy = False
+
+    def _dropped(self, exc: MalformedMessage) -> str:
+        """Why a stream was dropped for a malformed message, said once (throttled)."""
+        error = f"malformed message from the {self.peer}: {exc}"
+        _malformed_log.warning("stream dropped target=%s: %s", self.target, error)
+        return error
+
+    def _lost(
+        self, code: grpc.StatusCode | None, error: str, attempt: int, *, malformed: bool
+    ) -> Disconnected:
+        """What a lost stream tells the consumer, with the backoff the client waits now."""
+        retry_in = self.reconnect_backoff.delay(attempt, self._rng)
+        log.info(
+            "stream lost target=%s code=%s error=%r attempt=%d retry_in=%.3f",
+            self.target,
+            code.name if code else "none",
+            error,
+            attempt,
+            retry_in,
+        )
+        return Disconnected(
+            error=error,
+            code=code,
+            retry_in=retry_in,
+            attempt=attempt,
+            received_at=self._clock.monotonic(),
+            malformed=malformed,
+        )
 
 
 def checked_heartbeat(period_s: float | None) -> float | None:

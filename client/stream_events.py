@@ -69,8 +69,11 @@ class Disconnected:
 
     ``code`` is the gRPC status the call ended with (OK when the agent or the
     controller ended it, e.g. on shutdown), None when the client gave up on a
-    silent stream.
-    ``attempt`` counts failures since the last message (0 for the first).
+    silent stream or on a malformed message.
+    ``attempt`` counts failures since the last message (0 for the first); a
+    malformed message is a failure, not a message.
+    ``malformed``: the client dropped the stream because a message made no sense
+    (a Duration out of range: ``error`` names the field).
     """
 
     error: str
@@ -78,6 +81,7 @@ class Disconnected:
     retry_in: float
     attempt: int
     received_at: float
+    malformed: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

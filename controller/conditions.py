@@ -10,8 +10,13 @@ True     the last cycle was enforced, within the staleness     ``CapsEnforced``
 False    the last cycle was not enforced                       the failure's class (below)
 Unknown  no fresh answer from the node's agent                 ``AgentStarting`` (no cycle
                                                                yet), ``AgentUnreachable``,
+                                                               ``AgentMessageMalformed``,
                                                                ``AgentMissing``, ``CycleStale``
 ======== ==================================================== =============================
+
+``AgentMessageMalformed`` is a stream the controller dropped because the
+agent's message made no sense (a Duration out of range); like an unreachable
+agent's, it is retried with backoff.
 
 A failed cycle is classed by its most fundamental failure, in this order:
 the pod view was not synced (nothing was reconciled), the GPU count could not
@@ -54,6 +59,7 @@ class ConditionReason(str, Enum):
     CYCLE_FAILED = "CycleFailed"
     AGENT_STARTING = "AgentStarting"
     AGENT_UNREACHABLE = "AgentUnreachable"
+    AGENT_MESSAGE_MALFORMED = "AgentMessageMalformed"
     AGENT_MISSING = "AgentMissing"
     CYCLE_STALE = "CycleStale"
 
@@ -132,6 +138,8 @@ class NodeObservation:
     link: AgentLink
     address: str = ""
     link_error: str = ""  # why the stream is down, when it is
+    # The stream is down because the agent sent a malformed message (link UNREACHABLE).
+    link_malformed: bool = False
     instance_id: str = ""
     stale_after_s: float | None = None  # from the agent's snapshot
     cycle: CycleSummary | None = None
@@ -159,6 +167,11 @@ def condition_of(observation: NodeObservation, now: float) -> Condition:
     if link is AgentLink.UNREACHABLE:
         where = f" at {observation.address}" if observation.address else ""
         error = f": {observation.link_error}" if observation.link_error else ""
+        if observation.link_malformed:
+            return _unknown(
+                ConditionReason.AGENT_MESSAGE_MALFORMED,
+                f"the capwatch agent{where} sent a malformed message; reconnecting{error}",
+            )
         return _unknown(
             ConditionReason.AGENT_UNREACHABLE, f"the capwatch agent{where} is unreachable{error}"
         )

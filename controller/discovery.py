@@ -52,7 +52,7 @@ class DiscoverySink(Protocol):
 
 
 def parse_targets(path: Path) -> dict[str, str]:
-    """``NODE ADDRESS`` per line; raises ConfigError naming the file and line."""
+    """``NODE ADDRESS`` per line, at least one; raises ConfigError naming the file and line."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -76,6 +76,10 @@ def parse_targets(path: Path) -> dict[str, str]:
         if node in targets:
             raise ConfigError("--targets", f"{where}: node {node!r} is listed twice")
         targets[node] = address
+    if not targets:
+        # Read once, at start: a controller following nothing would do so for its whole
+        # life without a word (or, with an API server, call every GPU node AgentMissing).
+        raise ConfigError("--targets", f"{path} lists no agents (one 'NODE ADDRESS' per line)")
     return targets
 
 

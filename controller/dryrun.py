@@ -13,12 +13,12 @@ shard (its fence never closes) and everything else -- discovery from
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import TextIO
 
 from controller.conditions import CONDITION_TYPE, NodeCondition
 from controller.writes.recorder import NodeEvent
-from controller.writes.writer import REQUEST_TIMEOUT_S
 
 
 class PrintingApi:
@@ -28,7 +28,7 @@ class PrintingApi:
         self._out = out or sys.stdout
 
     async def patch_condition(
-        self, node: str, condition: NodeCondition, *, deadline_s: float
+        self, node: str, condition: NodeCondition, *, deadline: float
     ) -> None:
         print(
             f"PATCH nodes/{node}/status {CONDITION_TYPE}={condition.status.value} "
@@ -37,7 +37,7 @@ class PrintingApi:
             flush=True,
         )
 
-    async def create_event(self, event: NodeEvent, *, deadline_s: float) -> None:
+    async def create_event(self, event: NodeEvent, *, deadline: float) -> None:
         print(
             f"EVENT {event.type.value} node/{event.node} {event.reason}: {event.message}",
             file=self._out,
@@ -51,8 +51,8 @@ class Unfenced:
     leading = True
     holder = ""
 
-    def write_budget(self) -> float:
-        return REQUEST_TIMEOUT_S
+    def write_deadline(self) -> float:
+        return math.inf  # each write is still bounded by its request timeout
 
     def lost(self, why: str) -> None:
         return  # nothing refuses a dry run

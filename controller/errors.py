@@ -33,3 +33,10 @@ class FencedOut(ApiError):
     """403 from the API server's fencing policy: this replica does not hold its shard's
     Lease (charts/capwatch/templates/controller-fencing.yaml). A lost lease, not an
     error to retry."""
+
+
+class DeadlinePassed(ApiError):
+    """The request was not sent: its deadline (a write's, the fence's) had passed by the
+    time its thread could send it (the process was paused, or the API client's threads
+    were all busy). Nothing reached the API server; for a write it is as if the fence had
+    been closed when it was read."""

@@ -8,9 +8,12 @@ backoff, and resumes from the last cycle it saw. Every event goes to the
 or not this replica leads its shard: a standby is hot, and serves the
 cluster stream from the same state.
 
-A follower task that ends by itself is a bug (the client never gives up): it
-is logged and started again after a short delay, so one node's failure never
-stops the others.
+A follower task that ends by itself is a bug (the client never gives up: a
+message it cannot read is a Disconnected like any failure, retried with the
+client's own backoff): it is logged and started again after the one backoff
+(:mod:`kit.backoff`: full jitter, 1 s doubling to a minute, counted per node
+and reset once a follower has run a minute), so one node's failure never stops
+the others and a follower that keeps dying does not restart every second.
 """
 
 from __future__ import annotations
@@ -18,23 +21,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable
 
 from client.node_health import NodeHealthClient
 from controller.tracking import NodeTracker
+from kit.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
-RESTART_DELAY_S = 1.0
+RESTART_BACKOFF = Backoff(initial_s=1.0, max_s=60.0)
 
 ClientFactory = Callable[[str, str], NodeHealthClient]  # (node, address) -> client
 
 
 class Followers:
-    def __init__(self, *, tracker: NodeTracker, clients: ClientFactory) -> None:
+    def __init__(
+        self,
+        *,
+        tracker: NodeTracker,
+        clients: ClientFactory,
+        backoff: Backoff = RESTART_BACKOFF,
+        rng: random.Random | None = None,
+    ) -> None:
         self._tracker = tracker
         self._clients = clients
+        self._backoff = backoff
+        self._rng = rng or random.Random()
         self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        self._started: dict[str, float] = {}  # loop time each node's follower started
+        # Per node: the address its followers died at, and how many times in a row.
+        self._failures: dict[str, tuple[str, int]] = {}
         self._closing = False
 
     def __len__(self) -> int:
@@ -48,10 +65,14 @@ class Followers:
         if current is not None:
             current[1].cancel()
             del self._tasks[node]
+            self._started.pop(node, None)
+        if address is None:
+            self._failures.pop(node, None)
         if address is None or self._closing:
             return
         task = asyncio.create_task(self._follow(node, address), name=f"capwatch-follow-{node}")
         self._tasks[node] = (address, task)
+        self._started[node] = asyncio.get_running_loop().time()
         task.add_done_callback(lambda done: self._supervise(node, address, done))
 
     async def _follow(self, node: str, address: str) -> None:
@@ -66,17 +87,28 @@ class Followers:
     def _supervise(self, node: str, address: str, task: asyncio.Task[None]) -> None:
         if task.cancelled() or self._closing:
             return
+        current = self._tasks.get(node)
+        if current is None or current[1] is not task:
+            log.error(
+                "stream follower for node=%s ended unexpectedly", node, exc_info=task.exception()
+            )
+            return
+        del self._tasks[node]
+        loop = asyncio.get_running_loop()
+        ran_s = loop.time() - self._started.pop(node, loop.time())
+        where, failures = self._failures.get(node, (address, 0))
+        if where != address or ran_s >= self._backoff.max_s:
+            failures = 0  # another agent, or it ran a while: not the same failure again
+        self._failures[node] = (address, failures + 1)
+        delay = self._backoff.delay(failures, self._rng)
         log.error(
-            "stream follower for node=%s ended unexpectedly; restarting",
+            "stream follower for node=%s ended unexpectedly; restarting in %.1fs (failure %d)",
             node,
+            delay,
+            failures + 1,
             exc_info=task.exception(),
         )
-        current = self._tasks.get(node)
-        if current is not None and current[1] is task:
-            del self._tasks[node]
-            asyncio.get_running_loop().call_later(
-                RESTART_DELAY_S, lambda: self._restart(node, address)
-            )
+        loop.call_later(delay, lambda: self._restart(node, address))
 
     def _restart(self, node: str, address: str) -> None:
         # Only if discovery still places the agent there.

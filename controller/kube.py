@@ -4,16 +4,35 @@ Requests are made through the client's configuration, authentication and
 connection pool (``ApiClient.param_serialize`` and ``call_api``) with JSON
 bodies built here and raw JSON answers decoded here: the typed models cost
 more than the few fields the controller reads, and a strategic-merge patch of
-one condition is clearer as the JSON it is. Calls block, so they run on a
-bounded thread pool of their own; each carries its own deadline (connect and
-read timeouts) so no call outlives what its caller allowed (the fence of a
-condition write, the attempt timeout of a lease renewal). The User-Agent
-names this replica, so an API server's audit log (and the fake server's write
-log in the tests) can tell who wrote what.
+one condition is clearer as the JSON it is. The User-Agent names this replica,
+so an API server's audit log (and the fake server's write log in the tests)
+can tell who wrote what.
+
+Deadlines. Calls block, so they run on a bounded thread pool of their own, and
+a call handed to the pool is sent whenever one of its threads gets to it:
+after the other calls queued before it, or, if the process was paused (a long
+GC, a starved node, SIGSTOP), after the pause. So every call carries an
+absolute deadline on this process's monotonic clock (the API's ``clock``,
+which must be the fence's): a condition write or an Event the instant its
+fence closes (``deadline``, read from the fence on the event loop), any other
+call ``deadline_s`` seconds after it was made. The sending thread checks it
+before it hands the request to urllib3, and again at each write of the
+request's bytes to its connection (the headers, then the body: the client's
+connections are of a class that checks before every ``send``), so a pause
+anywhere in the client library, even between the headers and the body, stops
+the request rather than sending it late: a call whose deadline has passed is
+not sent, or not finished (:class:`~controller.errors.DeadlinePassed`; the API
+server never applies a request whose body did not arrive), and one that is
+sent gets what is left (urllib3's total timeout: connect and read together),
+so no request leaves after, or is waited for beyond, what its caller allowed.
+What remains is a pause between the last check and the ``sendall`` it guards,
+a few bytecodes, and what happens to a request after it left
+(docs/controller.md, "Fencing the API server enforces").
 
 Failures become :class:`~controller.errors.ApiError` (with the HTTP status and
-Retry-After), :class:`~controller.errors.Conflict` (409) or
-:class:`~controller.errors.NotFound` (404).
+Retry-After), :class:`~controller.errors.Conflict` (409),
+:class:`~controller.errors.NotFound` (404) or
+:class:`~controller.errors.DeadlinePassed` (not sent).
 """
 
 from __future__ import annotations
@@ -25,6 +44,7 @@ import json
 import logging
 import os
 import secrets
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -32,14 +52,23 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import urllib3
+import urllib3.connection
 import urllib3.exceptions
 
-from agent.kube.wire import ApiStatusError, retry_after_seconds
+from agent.kube.wire import retry_after_seconds, status_message
 from controller.conditions import CONDITION_TYPE, NodeCondition
-from controller.errors import FENCING_MARK, ApiError, Conflict, FencedOut, NotFound
+from controller.errors import (
+    FENCING_MARK,
+    ApiError,
+    Conflict,
+    DeadlinePassed,
+    FencedOut,
+    NotFound,
+)
 from controller.leasing import LeaseRecord
 from controller.objects import condition_patch, lease_body, lease_record, rfc3339
 from controller.writes.recorder import NodeEvent
+from kit.clock import Clock, SystemClock
 from kit.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -81,8 +110,47 @@ def api_client(kubeconfig: str | None, *, identity: str) -> kubernetes.client.Ap
     return client
 
 
+# The request the thread is sending, for its connection's every ``send``: the clock,
+# the deadline on it, and what the request is.
+_sending = threading.local()
+
+
+def _check_sending() -> None:
+    """Raise DeadlinePassed if this thread's request is past its deadline."""
+    request: tuple[Clock, float, str] | None = getattr(_sending, "request", None)
+    if request is None:
+        return  # not one of KubeApi's (the discovery's reads share the client)
+    clock, deadline, what = request
+    left = deadline - clock.monotonic()
+    if left <= 0:
+        raise DeadlinePassed(f"{what}: not sent, its deadline passed {-left:.3f}s ago")
+
+
+class _HTTPConnection(urllib3.connection.HTTPConnection):
+    def send(self, data: Any) -> None:
+        _check_sending()
+        super().send(data)
+
+
+class _HTTPSConnection(urllib3.connection.HTTPSConnection):
+    def send(self, data: Any) -> None:
+        _check_sending()
+        super().send(data)
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
 class KubeApi:
-    """Node status, Events and Leases, asynchronously (blocking calls on a thread pool)."""
+    """Node status, Events and Leases, asynchronously (blocking calls on a thread pool).
+
+    Every call takes ``deadline`` (an instant on ``clock``: the fence's) or
+    ``deadline_s`` (seconds from now); see the module docstring."""
 
     def __init__(
         self,
@@ -91,11 +159,18 @@ class KubeApi:
         namespace: str,
         identity: str,
         max_threads: int = 16,
+        clock: Clock | None = None,
     ) -> None:
         self._client = client
         self._namespace = namespace
         self._identity = identity
+        self._clock: Clock = clock or SystemClock()
         self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="capwatch-kube")
+        # Connections from now on check the sending thread's deadline at every send.
+        client.rest_client.pool_manager.pool_classes_by_scheme = {
+            "http": _HTTPPool,
+            "https": _HTTPSPool,
+        }
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -103,7 +178,12 @@ class KubeApi:
     # --- conditions ----------------------------------------------------------------------
 
     async def patch_condition(
-        self, node: str, condition: NodeCondition, *, deadline_s: float
+        self,
+        node: str,
+        condition: NodeCondition,
+        *,
+        deadline: float | None = None,
+        deadline_s: float | None = None,
     ) -> None:
         body = condition_patch(condition)
         await self._call(
@@ -111,10 +191,12 @@ class KubeApi:
             f"/api/v1/nodes/{node}/status",
             body=body,
             content_type=SMP,
-            deadline_s=deadline_s,
+            deadline=_deadline(self._clock, deadline, deadline_s),
         )
 
-    async def remove_condition(self, node: str, *, deadline_s: float) -> None:
+    async def remove_condition(
+        self, node: str, *, deadline: float | None = None, deadline_s: float | None = None
+    ) -> None:
         """Delete ``GPUPowerCapEnforced`` from the Node's conditions (by merge key)."""
         body = {"status": {"conditions": [{"type": CONDITION_TYPE, "$patch": "delete"}]}}
         await self._call(
@@ -122,18 +204,19 @@ class KubeApi:
             f"/api/v1/nodes/{node}/status",
             body=body,
             content_type=SMP,
-            deadline_s=deadline_s,
+            deadline=_deadline(self._clock, deadline, deadline_s),
         )
 
     async def list_nodes(self, *, label_selector: str, deadline_s: float) -> list[dict[str, Any]]:
         """Every node matching ``label_selector``, as raw JSON objects (paged)."""
         nodes: list[dict[str, Any]] = []
         token = ""
+        at = _deadline(self._clock, None, deadline_s)
         while True:
             query = {"labelSelector": label_selector, "limit": "500"}
             if token:
                 query["continue"] = token
-            page = await self._call("GET", "/api/v1/nodes", query=query, deadline_s=deadline_s)
+            page = await self._call("GET", "/api/v1/nodes", query=query, deadline=at)
             nodes += [i for i in page.get("items") or [] if isinstance(i, dict)]
             token = str((page.get("metadata") or {}).get("continue") or "")
             if not token:
@@ -141,7 +224,10 @@ class KubeApi:
 
     # --- events --------------------------------------------------------------------------
 
-    async def create_event(self, event: NodeEvent, *, deadline_s: float) -> None:
+    async def create_event(
+        self, event: NodeEvent, *, deadline: float | None = None, deadline_s: float | None = None
+    ) -> None:
+        at = _deadline(self._clock, deadline, deadline_s)
         stamp = rfc3339(event.wall)
         body = {
             "apiVersion": "v1",
@@ -169,7 +255,7 @@ class KubeApi:
             "count": 1,
         }
         await self._call(
-            "POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", body=body, deadline_s=deadline_s
+            "POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", body=body, deadline=at
         )
 
     # --- leases --------------------------------------------------------------------------
@@ -181,7 +267,11 @@ class KubeApi:
     async def get_lease(self, name: str, *, deadline_s: float) -> LeaseRecord | None:
         try:
             return lease_record(
-                await self._call("GET", self._lease_path(name), deadline_s=deadline_s)
+                await self._call(
+                    "GET",
+                    self._lease_path(name),
+                    deadline=_deadline(self._clock, None, deadline_s),
+                )
             )
         except NotFound:
             return None
@@ -191,7 +281,12 @@ class KubeApi:
     ) -> LeaseRecord:
         body = lease_body(name, self._namespace, record)
         return lease_record(
-            await self._call("POST", self._lease_path(), body=body, deadline_s=deadline_s)
+            await self._call(
+                "POST",
+                self._lease_path(),
+                body=body,
+                deadline=_deadline(self._clock, None, deadline_s),
+            )
         )
 
     async def update_lease(
@@ -199,7 +294,12 @@ class KubeApi:
     ) -> LeaseRecord:
         body = lease_body(name, self._namespace, record)
         return lease_record(
-            await self._call("PUT", self._lease_path(name), body=body, deadline_s=deadline_s)
+            await self._call(
+                "PUT",
+                self._lease_path(name),
+                body=body,
+                deadline=_deadline(self._clock, None, deadline_s),
+            )
         )
 
     # --- the one way out -----------------------------------------------------------------
@@ -212,7 +312,7 @@ class KubeApi:
         query: Mapping[str, str] | None = None,
         body: object = None,
         content_type: str = "application/json",
-        deadline_s: float,
+        deadline: float,
     ) -> dict[str, Any]:
         call = functools.partial(
             self._request,
@@ -221,7 +321,7 @@ class KubeApi:
             query=query,
             body=body,
             content_type=content_type,
-            deadline_s=deadline_s,
+            deadline=deadline,
         )
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
@@ -233,8 +333,9 @@ class KubeApi:
         query: Mapping[str, str] | None,
         body: object,
         content_type: str,
-        deadline_s: float,
+        deadline: float,
     ) -> dict[str, Any]:
+        """On a pool thread: the request, unless its ``deadline`` has passed."""
         headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
             _, url, header_params, serialized, _ = self._client.param_serialize(
@@ -245,13 +346,24 @@ class KubeApi:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            response = self._client.call_api(
-                method,
-                url,
-                header_params=header_params,
-                body=serialized,
-                _request_timeout=(deadline_s, deadline_s),
-            )
+            # Not at all once the deadline has passed, and never for longer than is
+            # left of it (a total timeout, so connect and read together; never 0, which
+            # the client reads as no timeout). Checked again at every send.
+            what = f"{method} {path}"
+            left = deadline - self._clock.monotonic()
+            if left <= 0:
+                raise DeadlinePassed(f"{what}: not sent, its deadline passed {-left:.3f}s ago")
+            _sending.request = (self._clock, deadline, what)
+            try:
+                response = self._client.call_api(
+                    method,
+                    url,
+                    header_params=header_params,
+                    body=serialized,
+                    _request_timeout=left,
+                )
+            finally:
+                _sending.request = None
             data = response.read()  # type: ignore[no-untyped-call]
         except kubernetes.client.ApiException as err:
             raise ApiError(
@@ -266,7 +378,7 @@ class KubeApi:
             except ValueError as err:
                 raise ApiError(f"{method} {path}: the answer is not JSON", status=status) from err
             return decoded if isinstance(decoded, dict) else {}
-        message = f"{method} {path}: HTTP {status} {_status_message(data)}"
+        message = f"{method} {path}: HTTP {status} {status_message(data)}"
         if status == 404:
             raise NotFound(message, status=status)
         if status == 409:
@@ -276,75 +388,8 @@ class KubeApi:
         raise ApiError(message, status=status, retry_after=retry_after_seconds(response.headers))
 
 
-class CollectionRequests:
-    """LIST and WATCH of one collection (``/api/v1/nodes``, a namespace's pods) as raw
-    responses, for :class:`agent.kube.informer.Informer`; a label selector narrows it."""
-
-    def __init__(
-        self, client: kubernetes.client.ApiClient, *, path: str, label_selector: str = ""
-    ) -> None:
-        self._client = client
-        self._path = path
-        self._selector = label_selector
-
-    def list(self, *, limit: int, continue_token: str, timeout: float) -> urllib3.HTTPResponse:
-        query = {"limit": str(limit)}
-        if continue_token:
-            query["continue"] = continue_token
-        return self._raw(query, (timeout, timeout))
-
-    def watch(
-        self,
-        *,
-        resource_version: str,
-        timeout_seconds: int,
-        connect_timeout: float,
-        read_timeout: float,
-    ) -> urllib3.HTTPResponse:
-        query = {
-            "watch": "true",
-            "allowWatchBookmarks": "true",
-            "resourceVersion": resource_version,
-            "timeoutSeconds": str(timeout_seconds),
-        }
-        return self._raw(query, (connect_timeout, read_timeout))
-
-    def _raw(self, query: dict[str, str], timeout: tuple[float, float]) -> urllib3.HTTPResponse:
-        if self._selector:
-            query["labelSelector"] = self._selector
-        try:
-            _, url, headers, _, _ = self._client.param_serialize(
-                "GET",
-                self._path,
-                query_params=list(query.items()),
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-            )
-            response = self._client.call_api(
-                "GET", url, header_params=headers, _request_timeout=timeout
-            )
-        except kubernetes.client.ApiException as err:
-            raise ApiStatusError(
-                status=int(err.status or 0),
-                reason=str(err.reason or ""),
-                retry_after=retry_after_seconds(err.headers),
-            ) from err
-        raw: urllib3.HTTPResponse = response.response
-        if not 200 <= raw.status < 300:
-            try:
-                reason = _status_message(raw.data)
-            finally:
-                raw.release_conn()
-            raise ApiStatusError(
-                status=raw.status, reason=reason, retry_after=retry_after_seconds(raw.headers)
-            )
-        return raw
-
-
-def _status_message(data: bytes | None) -> str:
-    """The message of a ``Status`` error body, or a short prefix of whatever came back."""
-    try:
-        decoded = json.loads(data or b"")
-    except ValueError:
-        return (data or b"")[:120].decode("utf-8", errors="replace")
-    return str(decoded.get("message", "")) if isinstance(decoded, dict) else ""
+def _deadline(clock: Clock, deadline: float | None, deadline_s: float | None) -> float:
+    """The call's deadline on ``clock``: ``deadline`` as given, or ``deadline_s`` from now."""
+    if (deadline is None) == (deadline_s is None):
+        raise TypeError("give a deadline or deadline_s, one of the two")
+    return deadline if deadline is not None else clock.monotonic() + (deadline_s or 0.0)

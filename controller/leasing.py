@@ -23,12 +23,14 @@ standbys. The rules are client-go's ``tools/leaderelection``:
 - The leader renews every ``retry_s``; if no renewal succeeds within
   ``renew_deadline_s`` (10 s) it stops leading. Every attempt is bounded by
   a timeout (a hung API call cannot hold leadership open).
-- Fencing: :meth:`LeaseElector.write_budget` is what is left of the renew
-  deadline since the start of the last successful renewal, so a write starts
-  only while the lease is certainly ours and must finish before the deadline;
-  the ``lease_s - renew_deadline_s`` margin (5 s) covers clock-rate
-  differences and a write still in flight, before any other replica can see
-  the record expire.
+- Fencing: :meth:`LeaseElector.write_deadline` is the instant the renew
+  deadline since the start of the last successful renewal runs out (on this
+  process's monotonic clock), so a write starts only while the lease is
+  certainly ours and must finish before that instant; the API client checks it
+  again on the thread that sends the request, immediately before it goes out
+  (:mod:`controller.kube`). The ``lease_s - renew_deadline_s`` margin (5 s)
+  covers clock-rate differences and a write still in flight, before any other
+  replica can see the record expire.
 - Release: on a clean shutdown, after this replica's writes have stopped, the
   holder is cleared (``leaseDurationSeconds: 1``) so a standby takes over at
   its next retry instead of waiting out the lease. A renewal of this
@@ -59,11 +61,20 @@ from kit.errors import ConfigError
 log = logging.getLogger(__name__)
 
 JITTER_FACTOR = 1.2  # client-go's: a follower retries after retry_s * (1 + [0, 1.2))
+# Floors client-go leaves out (it checks the timings' order and sign, and that the renew
+# deadline is more than JITTER_FACTOR retry periods): a try is a Lease read and often a
+# write, so a 0.1 s retry period is at most ~20 requests a second per replica; a try may
+# take half the renew deadline (attempt_timeout_s), and with less than 0.5 s an API
+# server that is merely busy (its SLO: mutating calls within 1 s at p99) costs the lease.
+MIN_RETRY_S = 0.1
+MIN_RENEW_DEADLINE_S = 1.0
 
 
 class Fence(Protocol):
-    def write_budget(self) -> float:
-        """Seconds a write may take from now (0: this replica must not write)."""
+    def write_deadline(self) -> float:
+        """The instant, on this process's monotonic clock, by which a write must be done:
+        none may start at or after it, none may be sent after it (``-inf``: this replica
+        must not write; ``inf``: nothing fences it)."""
 
     def lost(self, why: str) -> None:
         """The API server refused a write because this replica does not hold the Lease
@@ -81,6 +92,25 @@ class LeaseConfig:
             raise ConfigError(
                 "--lease-duration",
                 "need retry period < renew deadline < lease duration, all positive",
+            )
+        # A 1 ms retry period is hundreds of Lease requests a second, per replica.
+        if self.retry_s < MIN_RETRY_S:
+            raise ConfigError(
+                "--retry-period",
+                f"must be at least {MIN_RETRY_S:g} s (each try is one or two Lease "
+                f"requests), got {self.retry_s:g}",
+            )
+        if self.renew_deadline_s < MIN_RENEW_DEADLINE_S:
+            raise ConfigError(
+                "--renew-deadline",
+                f"must be at least {MIN_RENEW_DEADLINE_S:g} s (each try may take half of "
+                f"it), got {self.renew_deadline_s:g}",
+            )
+        if self.renew_deadline_s <= JITTER_FACTOR * self.retry_s:
+            raise ConfigError(  # client-go's own rule
+                "--renew-deadline",
+                f"must be more than {JITTER_FACTOR:g} x --retry-period "
+                f"({JITTER_FACTOR * self.retry_s:g} s), got {self.renew_deadline_s:g}",
             )
 
     @property
@@ -202,12 +232,17 @@ class LeaseElector:
         self._step_down()
         self._fenced_out.set()
 
+    def write_deadline(self) -> float:
+        """When the renew deadline from the start of the last successful renewal runs out
+        (``-inf`` unless this replica leads). Absolute, so that however late a write's
+        request gets to go out, it is judged against the instant the fence closed."""
+        if not self._leading or self._renewed_at is None:
+            return -math.inf
+        return self._renewed_at + self.config.renew_deadline_s
+
     def write_budget(self) -> float:
         """Seconds a write may take from now; 0 unless this replica leads, fenced."""
-        if not self._leading or self._renewed_at is None:
-            return 0.0
-        left = self.config.renew_deadline_s - (self._clock.monotonic() - self._renewed_at)
-        return max(0.0, left)
+        return max(0.0, self.write_deadline() - self._clock.monotonic())
 
     async def run(self) -> None:
         """Campaign, lead, and campaign again when leadership is lost; until cancelled."""

@@ -25,8 +25,8 @@ from server.http.exposition import ScrapeCollector
 # Detection within a cycle's delivery is milliseconds; a write retried after
 # API errors can take seconds to a minute.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
-WRITE_RESULTS = ("ok", "failed", "fenced", "refused", "not_found")
-EVENT_RESULTS = ("posted", "failed", "deduplicated", "fenced", "refused")
+WRITE_RESULTS = ("ok", "failed", "fenced", "refused", "expired", "not_found")
+EVENT_RESULTS = ("posted", "failed", "deduplicated", "fenced", "refused", "expired")
 
 
 class ControllerMetrics:
@@ -50,7 +50,8 @@ class ControllerMetrics:
         self._writes = Counter(
             "capwatch_controller_condition_writes",
             "Node condition writes, by result (fenced: held back, this replica did not hold "
-            "its Lease; refused: the API server's fencing policy said so).",
+            "its Lease; refused: the API server's fencing policy said so; expired: not "
+            "sent, the fence's deadline passed before the request could go out).",
             ["result"],
             registry=r,
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -59,6 +60,7 @@ EXIT_OK, EXIT_FAILED = 0, 1
 # Discovery trusts the API server's list+watch as the agent's pod view does.
 DISCOVERY_POLICY = WatchPolicy(stale_after=60.0)
 METRICS_ADDRESS = "0.0.0.0"  # noqa: S104 - Prometheus scrapes from another pod
+PROBE_ADDRESS = "0.0.0.0"  # noqa: S104 - the kubelet probes the pod IP
 
 
 class _ShardSink:
@@ -229,14 +231,15 @@ def _kubernetes(
     settings: ControllerSettings, clock: Clock, closers: list[Callable[[], None]]
 ) -> tuple[KubeApi, KubernetesDiscovery]:
     """The API client and the discovery that reads through it."""
-    from controller.kube import CollectionRequests, KubeApi, api_client  # noqa: PLC0415
+    from agent.kube.client import CollectionRequests  # noqa: PLC0415
+    from controller.kube import KubeApi, api_client  # noqa: PLC0415
 
     assert settings.namespace is not None  # settings validation guarantees it
     client = api_client(
         None if settings.kubeconfig is None else str(settings.kubeconfig),
         identity=settings.identity,
     )
-    kube = KubeApi(client, namespace=settings.namespace, identity=settings.identity)
+    kube = KubeApi(client, namespace=settings.namespace, identity=settings.identity, clock=clock)
     closers.append(kube.close)
     pods = None
     if settings.targets is None:
@@ -314,6 +317,7 @@ class _Running:
         if settings.probe_port is not None:
             self.probes = ReadyzServer(
                 controller.readiness,
+                host=PROBE_ADDRESS,
                 port=settings.probe_port,
                 extra_routes={"/healthz": lambda: Answer(status=200, body="ok\n")},
             )
@@ -335,8 +339,10 @@ class _Running:
             try:
                 await self.probes.start()
             except OSError as exc:
-                port = self.controller.settings.probe_port
-                raise ServeError(f"--probe-port: cannot listen on :{port}: {exc.strerror}") from exc
+                # asyncio's strerror embeds the address as a Python tuple; errno says it plainly.
+                reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+                where = f"{PROBE_ADDRESS}:{self.controller.settings.probe_port}"
+                raise ServeError(f"--probe-port: cannot listen on {where}: {reason}") from exc
 
     def start(self) -> None:
         controller = self.controller

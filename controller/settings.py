@@ -11,7 +11,6 @@ prints as one line before exiting 2.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import socket
 import uuid
@@ -36,6 +35,7 @@ from kit.flags import (
     positive_float,
     read_options,
 )
+from kit.tls import ca_flag, pair_flags
 
 DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/name=capwatch,app.kubernetes.io/component=node-agent"
 DEFAULT_GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
@@ -202,14 +202,15 @@ _OPTIONS = (
         env="CAPWATCH_CONTROLLER_RENEW_DEADLINE",
         default="10",
         convert=positive_float,
-        help="seconds the leader keeps trying to renew before it stops writing",
+        help="seconds the leader keeps trying to renew before it stops writing (at least 1, "
+        "and more than 1.2 retry periods)",
     ),
     Option(
         flag="--retry-period",
         env="CAPWATCH_CONTROLLER_RETRY_PERIOD",
         default="2",
         convert=positive_float,
-        help="seconds between attempts to acquire or renew the Lease",
+        help="seconds between attempts to acquire or renew the Lease (at least 0.1)",
     ),
     Option(
         flag="--condition-heartbeat",
@@ -348,14 +349,12 @@ def _agent_tls(values: Mapping[str, object]) -> AgentTls | None:
         return None
     if (cert is None) != (key is None):
         raise ConfigError("--agent-tls-cert", "--agent-tls-cert and --agent-tls-key go together")
-    for flag, file in (
-        ("--agent-tls-ca", ca),
-        ("--agent-tls-cert", cert),
-        ("--agent-tls-key", key),
-    ):
-        if isinstance(file, Path) and not os.access(file, os.R_OK):
-            raise ConfigError(flag, f"{file} is not a readable file")
     assert isinstance(ca, Path)
+    # Loaded as grpc will load them, now: a directory or a file that is not PEM would
+    # otherwise be a traceback at start, or every agent unreachable at its handshake.
+    ca_flag("--agent-tls-ca", ca)
+    if isinstance(cert, Path) and isinstance(key, Path):
+        pair_flags("--agent-tls-cert", cert, "--agent-tls-key", key)
     return AgentTls(
         ca=ca,
         cert=cert if isinstance(cert, Path) else None,

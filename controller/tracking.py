@@ -145,7 +145,9 @@ class NodeTracker:
             and seen.link is not AgentLink.CONNECTED
             and seen.node not in self._misdirected
         ):
-            self._update(replace(seen, link=AgentLink.CONNECTED, link_error=""))
+            self._update(
+                replace(seen, link=AgentLink.CONNECTED, link_error="", link_malformed=False)
+            )
 
     def _on_snapshot(self, seen: NodeObservation, event: Snapshot) -> None:
         snapshot = event.snapshot
@@ -153,7 +155,15 @@ class NodeTracker:
             error = f"the agent there answers for node {snapshot.node_name!r}"
             log.warning("refusing a misdirected stream node=%s %s", seen.node, error)
             self._misdirected.add(seen.node)
-            self._update(replace(seen, link=AgentLink.UNREACHABLE, link_error=error, cycle=None))
+            self._update(
+                replace(
+                    seen,
+                    link=AgentLink.UNREACHABLE,
+                    link_error=error,
+                    link_malformed=False,
+                    cycle=None,
+                )
+            )
             return
         self._misdirected.discard(seen.node)
         cycle = None
@@ -169,6 +179,7 @@ class NodeTracker:
                 seen,
                 link=AgentLink.CONNECTED,
                 link_error="",
+                link_malformed=False,
                 instance_id=snapshot.agent_instance_id,
                 stale_after_s=snapshot.stale_after.ToTimedelta().total_seconds() or None,
                 cycle=cycle,
@@ -191,6 +202,7 @@ class NodeTracker:
                 seen,
                 link=AgentLink.CONNECTED,
                 link_error="",
+                link_malformed=False,
                 cycle=cycle,
                 gpus=merged(seen.gpus, cycle.gpus),
             ),
@@ -201,7 +213,14 @@ class NodeTracker:
         error = event.error
         if event.code is grpc.StatusCode.FAILED_PRECONDITION:
             error = f"refused: {error}"
-        self._update(replace(seen, link=AgentLink.UNREACHABLE, link_error=error))
+        self._update(
+            replace(
+                seen,
+                link=AgentLink.UNREACHABLE,
+                link_error=error,
+                link_malformed=event.malformed,
+            )
+        )
 
     # --- time ----------------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from kit.errors import CapwatchError
+from kit.tls import TlsFileError, check_ca, check_pair
 from server.settings import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -143,21 +143,17 @@ class ReloadingCertificates:
 
 
 def _check(cert: Path, key: Path, client_ca: bytes | None) -> None:
-    """What grpc would only find out at the next handshake, found out now."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-
-    def no_password() -> bytes:  # an encrypted key is an error, not a prompt on stdin
-        raise CertificateError(f"{key} is encrypted (keys are read without a passphrase)")
-
+    """What grpc would only find out at the next handshake, found out now (the checks
+    the settings made at start, kit/tls.py's)."""
     try:
-        context.load_cert_chain(cert, key, password=no_password)
-    except (ssl.SSLError, ValueError) as exc:
+        check_pair(cert, key)
+    except TlsFileError as exc:
         raise CertificateError(
             f"{cert} and {key} are not a PEM certificate chain and its private key: {exc}"
         ) from exc
     if client_ca is None:
         return
     try:
-        context.load_verify_locations(cadata=client_ca.decode("ascii"))
-    except (ssl.SSLError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-        raise CertificateError(f"the client CA file is not PEM certificates: {exc}") from exc
+        check_ca(client_ca)
+    except TlsFileError as exc:
+        raise CertificateError(f"the client CA file is {exc}") from exc

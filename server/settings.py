@@ -17,6 +17,7 @@ from kit.addresses import host_port, listen_address
 from kit.errors import ConfigError
 from kit.flags import Option, add_options, is_digits, optional_path, read_options
 from kit.names import is_dns_label, is_dns_subdomain
+from kit.tls import ca_flag, pair_flags
 
 DEFAULT_LISTEN = (f"unix://{AGENT_SOCKET}", f"0.0.0.0:{AGENT_PORT}")
 DEFAULT_DEVICE_NAME = "gpu-{index}"
@@ -52,7 +53,7 @@ class ServerSettings:
     dra_device_name: str  # template with {index} and/or {uuid}
     max_subscribers: int
     grace_s: float  # for in-flight RPCs at shutdown
-    # Of max_subscribers, slots only unix-socket clients may take (server/grpc/admission.py).
+    # Of max_subscribers, slots only unix-socket clients may take (server/admission.py).
     reserved_local_subscribers: int = DEFAULT_RESERVED_LOCAL
     max_streams_per_peer: int = DEFAULT_MAX_PER_PEER  # per TCP client address
     metrics_port: int | None = None  # None: no metrics endpoint (--metrics-port 0)
@@ -259,13 +260,10 @@ def server_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -
             "--grpc-tls-client-ca", "mutual TLS needs --grpc-tls-cert and --grpc-tls-key"
         )
     if cert is not None and key is not None:
-        for flag, path in (
-            ("--grpc-tls-cert", cert),
-            ("--grpc-tls-key", key),
-            ("--grpc-tls-client-ca", client_ca),
-        ):
-            if path is not None and not path.is_file():
-                raise ConfigError(flag, f"{path} is not a readable file")
+        # Loaded as grpc will load them: a file that is not PEM is one line now.
+        pair_flags("--grpc-tls-cert", cert, "--grpc-tls-key", key)
+        if client_ca is not None:
+            ca_flag("--grpc-tls-client-ca", client_ca)
         tls = TlsFiles(cert=cert, key=key, client_ca=client_ca)
     max_subscribers, reserved = (
         values["grpc_max_subscribers"],

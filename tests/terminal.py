@@ -11,7 +11,7 @@ import struct
 import subprocess
 import termios
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 # Control sequences: CSI (colours, cursor moves, erases) and OSC.
 _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-Za-z]")
@@ -66,6 +66,19 @@ def read_until_exit(process: subprocess.Popen[bytes], master: int, timeout: floa
             process.kill()
         process.wait(timeout=10)
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+def read_until(master: int, done: Callable[[str], bool], timeout: float, drawn: str = "") -> str:
+    """What is drawn, after ``drawn`` (an earlier call's answer), until ``done`` holds for
+    all of it; fails after ``timeout`` seconds. The terminal stays open."""
+    chunks = [drawn.encode()]
+    deadline = time.monotonic() + timeout
+    while not done(text := b"".join(chunks).decode("utf-8", "replace")):
+        assert time.monotonic() < deadline, visible_lines(text)[-40:]
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            chunks.append(os.read(master, 65536))
+    return text
 
 
 def visible_lines(drawn: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -82,3 +83,17 @@ def test_a_negative_attempt_is_a_programming_error():
     """Attempts count from 0; a negative one is refused rather than read as the first."""
     with pytest.raises(ValueError, match="negative"):
         Backoff().ceiling(-1)
+
+
+@pytest.mark.parametrize("floor", [math.inf, 1e300, 3600.0])
+def test_an_unbounded_retry_after_waits_the_maximum(floor: float):
+    """Retry-After: 3600, 1e300 or infinity waits ``max_s``, not an hour or for ever."""
+    backoff = Backoff(initial_s=0.5, max_s=60.0)
+    assert backoff.delay(0, random.Random(1), floor_s=floor) == 60.0
+
+
+@pytest.mark.parametrize("floor", [math.nan, -5.0, -math.inf])
+def test_a_retry_after_that_is_no_number_or_negative_is_ignored(floor: float):
+    """A NaN or negative Retry-After is no floor: the backoff's own wait stands."""
+    backoff = Backoff(initial_s=0.5, max_s=60.0)
+    assert backoff.delay(0, random.Random(1), floor_s=floor) == backoff.delay(0, random.Random(1))

@@ -105,6 +105,22 @@ FIXTURE: dict[str, dict[str, Any]] = {
         "rss_target_mib": 60,
     },
     "cluster": {"source": "test", "nodes": 20, "runs": [cluster_run(1), cluster_run(2)]},
+    "fencing": {
+        "source": "test",
+        **{
+            key: {
+                "trials": 3,
+                "admitted": admitted,
+                "refused": 4,
+                "left_after_deadline": 1,
+                "applied_after_deadline": 0,
+                "dropped": 5,
+                "takeover_s": [4.2, 4.8, 5.1],
+            }
+            for key, admitted in (("with_policy", 0), ("without_policy", 7))
+        },
+        "window_ms": {"median": 9.7, "max": 14.7},
+    },
 }
 
 
@@ -186,7 +202,7 @@ def _with(name: str, value: object, *keys: str | int) -> dict[str, Any]:
         (
             "crash",
             {},
-            "crash.json: no chart for it (known: cycle, stream, fanout, readyz, cluster)",
+            "crash.json: no chart for it (known: cycle, stream, fanout, readyz, cluster, fencing)",
         ),
     ],
 )
@@ -234,7 +250,7 @@ def test_committed_plots_are_the_committed_results():
     """Every committed results file has its committed PNG beside the README that links it,
     and says where its figures come from (a bench's command, not a hand-typed table)."""
     results = sorted(p.stem for p in (ROOT / "bench" / "results").glob("*.json"))
-    assert results == ["cluster", "cycle", "fanout", "readyz", "stream"]
+    assert results == ["cluster", "cycle", "fanout", "fencing", "readyz", "stream"]
     readme = (ROOT / "bench" / "README.md").read_text()
     for name in results:
         assert (ROOT / "bench" / "plots" / f"{name}.png").read_bytes().startswith(PNG_SIGNATURE)

@@ -41,6 +41,8 @@ CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
         ([], {}, "--node-name: required with the nvml backend"),
         (["--gpu-backend", "sim", "--scenario", "/nonexistent.yaml"], {}, "--scenario:"),
         (["--node-name", "n1", "--scenario", "x.yaml"], {}, "--scenario: only meaningful"),
+        # Not "--node-name: required": the scenario says the simulator was meant.
+        (["--scenario", "x.yaml"], {}, "--scenario: only meaningful with --gpu-backend sim"),
         (["--log-level", "loud"], {}, "--log-level: must be one of"),
         (["--pod-namespace", "GPU_Jobs"], {}, "--pod-namespace: not a valid namespace name"),
         (["--pod-events", "maybe"], {}, "--pod-events: must be true or false, got 'maybe'"),
@@ -121,13 +123,34 @@ def test_device_health_flags_default_to_the_device_plugins_xids_and_ten_minutes(
 
 
 def test_unknown_flag_is_one_line_too(capsys):
-    """argparse's own errors are one line as well, exit 2."""
+    """argparse's own errors are one line as well, exit 2, prefixed by the subcommand
+    whose flags they are not."""
     with pytest.raises(SystemExit) as exc:
         main(["agent", "--intervall", "3"], {})
     assert exc.value.code == 2
+    assert (
+        capsys.readouterr().err == "capwatch agent: error: unrecognized arguments: --intervall 3\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--bogus", "--worse"], "unrecognized arguments: --bogus --worse"),
+        ([], "a command is required: one of agent, demo, watch, shim, forget, controller, "),
+    ],
+    ids=["unknown-flag", "two-unknown-flags", "nothing"],
+)
+def test_no_command_names_the_flag_it_did_not_know(argv: list[str], expected: str, capsys):
+    """Without a command, a flag nobody knows is named (not just "command is required");
+    with nothing at all, the line lists the commands. Exit 2, one line."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv, {})
+    assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    assert "unrecognized arguments: --intervall" in err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"capwatch: error: {expected}"), err
 
 
 def test_version_prints_the_installed_packages_version(capsys):

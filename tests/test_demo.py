@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from capwatch.cli import main
+from kit.scratch import sweep
 from tests.terminal import RED, REDRAW, read_until_exit, spawn, terminal_env, visible_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,8 +43,10 @@ def demo(*argv: str, env: dict[str, str] | None = None, timeout: float = 60):
 def test_demo_tells_the_whole_story_and_leaves_no_state_behind(tmp_path: Path):
     """Off a terminal: the first cycle's table, then only the cycles that changed
     something, and /readyz going 503 -> 200 -> 503 -> 200 as the built-in scenario's write
-    fault comes and goes, then 503 -> 200 as its GPU 4 is lost and answers again; caps
-    restored at the end, and its temporary state directory (and simulated /proc) removed."""
+    fault comes and goes, then 503 -> 200 as its GPU 4 is lost and answers again; GPU 5
+    capped through its claim in cycle 3, while it still draws idle power, its process
+    drawing up to that cap from cycle 5; caps restored at the end, and its temporary
+    state directory (and simulated /proc) removed."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     env.pop("COLUMNS", None)
     proc = demo("--cycles", "17", "--interval", "0.5", *FREE_PORTS, env=env)
@@ -52,9 +55,31 @@ def test_demo_tells_the_whole_story_and_leaves_no_state_behind(tmp_path: Path):
     out = proc.stdout
     assert "capwatch watch --target 127.0.0.1:" in out
     headings = [line.split()[1] for line in out.splitlines() if line.startswith("cycle ")]
-    # 1: all; 3: the batch pod arrives; 4: the write fails; 7: it recovers; 9: the pod
-    # left, its GPU released; 10: that GPU idle; 12: GPU 4 lost; 15: GPU 4 back
-    assert headings == ["1", "3", "4", "7", "9", "10", "12", "15"], out
+    # 1: all; 3: the batch pod bound, its GPU capped through its claim; 4: the write
+    # fails; 5: the batch job's process starts; 7: the write recovers; 9: the pod and
+    # its claim left, its GPU released; 10: that GPU idle; 12: GPU 4 lost; 15: GPU 4 back
+    assert headings == ["1", "3", "4", "5", "7", "9", "10", "12", "15"], out
+    gpu5, cycle = [], ""
+    for line in out.splitlines():
+        cells = line.split()
+        if line.startswith("cycle "):
+            cycle = cells[1]
+        elif cycle in ("3", "5") and cells[:1] == ["5"]:
+            # GPU HEALTH UUID OUTCOME REASON OWNERS REQ-W RES-W APPLIED SOURCE POWER
+            gpu5.append(
+                (
+                    cells[3],
+                    cells[5],
+                    " ".join(cells[8:10]),
+                    " ".join(cells[10:12]),
+                    " ".join(cells[12:]),
+                )
+            )
+    claim = "claim batch/nightly-etl-gpu"  # SOURCE names the claim
+    assert gpu5 == [
+        ("enforced", "batch/nightly-etl", "250 W", claim, "70 W"),  # no process yet
+        ("enforced", "batch/nightly-etl", "250 W", claim, "250 W*"),  # held at its cap
+    ], out
     answers = [line.split(":")[0] for line in out.splitlines() if line.startswith(">>>")]
     assert answers == [">>> /readyz 503", ">>> /readyz 200"] * 3, out
     assert "cycle-failed: gpu0:write_failed" in out
@@ -180,7 +205,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_demo_children_die_with_it_even_on_sigkill(tmp_path: Path):
-    """SIGKILL the demo (no handler runs): its readiness shim does not outlive it."""
+    """SIGKILL the demo (no handler runs): its readiness shim does not outlive it, and the
+    directories it could not remove (its state, the simulated /proc) are the next start's
+    to remove, as a process that is gone left them."""
     log = tmp_path / "out"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -189,6 +216,7 @@ def test_demo_children_die_with_it_even_on_sigkill(tmp_path: Path):
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=ROOT,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # what it leaves, left here
         )
     try:
         deadline = time.monotonic() + 30
@@ -208,6 +236,12 @@ def test_demo_children_die_with_it_even_on_sigkill(tmp_path: Path):
         process.kill()
         for child in _children(process.pid):
             os.kill(child, signal.SIGKILL)
+    prefixes = ("capwatch-demo-state-", "capwatch-sim-proc-")
+    left = sorted(path.name for path in tmp_path.glob(f"capwatch-*-{process.pid}-*"))
+    assert [name.split(str(process.pid))[0] for name in left] == sorted(prefixes), left
+    removed = [path.name for prefix in prefixes for path in sweep(prefix, tmp_path)]
+    assert sorted(removed) == left
+    assert list(tmp_path.glob("capwatch-*")) == []
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -3,6 +3,7 @@ cluster stream; nodes go False and back to True; Ctrl-C or a SIGKILL ends every 
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -18,7 +19,8 @@ import pytest
 
 from agent.sim.poolspec import node_names, parse_fault
 from capwatch.cli import main
-from capwatch.demo.cluster import NODES, cluster_faults
+from capwatch.demo.cluster import NODES, SCHEDULE, cluster_faults, schedule_lines
+from capwatch.pool import add_pool_arguments, pool_command
 from tests.test_demo import _alive, _children
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,14 +199,65 @@ def test_the_schedule_scales_with_the_interval_and_parses():
     """The pool's --fault values: write failures, hangs and silences, each a window that
     scales with the interval after a fixed lead, and repeats; all valid for the pool."""
     assert cluster_faults(1.0) == (
-        "write_failed:0.25@8+8/40",
-        "hang:0.15@14+10/40",
-        "silent:0.15@20+8/40",
+        "write_failed:0.4@8+8/40",
+        "hang:0.02@14+10/40",
+        "hang:0.02@14+10/40",
+        "silent:0.1@20+8/40",
+        "silent:0.12@20+8/40",
     )
     for interval in (0.1, 0.3, 1.0, 15.0):
         faults = [parse_fault("--fault", f) for f in cluster_faults(interval)]
-        assert [f.kind.value for f in faults] == ["write_failed", "hang", "silent"]
+        assert [f.kind.value for f in faults] == [kind for kind, *_ in SCHEDULE]
         assert all(f.every_s == pytest.approx(40 * interval) for f in faults)
+
+
+def hit_by_the_pool(interval: float) -> dict[str, set[str]]:
+    """Which nodes each kind of fault hits, as the pool decides it from the demo's flags
+    (capwatch pool's own parsing, each --fault in its place, and its hit rule)."""
+    parser = argparse.ArgumentParser()
+    add_pool_arguments(parser)
+    flags = [f"--nodes={NODES}", *(f"--fault={fault}" for fault in cluster_faults(interval))]
+    pool = pool_command(parser.parse_args(flags), {}).pool
+    names = node_names(pool.nodes, prefix=pool.name_prefix, first=pool.first_index)
+    hit: dict[str, set[str]] = {}
+    for fault in pool.faults:
+        hit.setdefault(fault.kind.value, set()).update(n for n in names if fault.hits(n))
+    return hit
+
+
+@pytest.mark.parametrize("interval", [0.3, 1.0])
+def test_the_pool_hits_four_write_failures_two_hangs_and_two_silences(interval: float):
+    """What the docstring and the README say: 4 of the 12 nodes' writes fail, 2 hang and 2
+    go silent, 8 different nodes (the pool picks a fault's nodes by a hash: the demo's
+    fractions must make it pick exactly that many, and no node twice)."""
+    hit = hit_by_the_pool(interval)
+    assert {kind: len(nodes) for kind, nodes in hit.items()} == {
+        "write_failed": 4,
+        "hang": 2,
+        "silent": 2,
+    }
+    assert len(set().union(*hit.values())) == 8
+
+
+def test_the_demo_announces_exactly_the_nodes_the_pool_hits():
+    """The intro names, for each kind of fault, the nodes the pool will hit with it (and
+    when, and for how long, and what the controller shows for it)."""
+    hit = hit_by_the_pool(1.0)
+    assert hit == {
+        "write_failed": {"sim-node-1", "sim-node-8", "sim-node-10", "sim-node-11"},
+        "hang": {"sim-node-2", "sim-node-9"},
+        "silent": {"sim-node-4", "sim-node-7"},
+    }
+    (line,) = schedule_lines(1.0)
+    assert (
+        "from about 8s the cap writes of sim-node-1, sim-node-8, sim-node-10 and sim-node-11 "
+        "fail for 8s (False, CapWriteFailed); "
+        "from about 14s sim-node-2 and sim-node-9 hang for 10s (Unknown, CycleStale); "
+        "from about 20s sim-node-4 and sim-node-7 go silent for 8s (Unknown, AgentUnreachable)"
+    ) in line
+    assert "The other 4 nodes stay True." in line
+    for kind, nodes, _, _ in SCHEDULE:
+        assert set(nodes) <= hit[kind]
 
 
 @pytest.mark.timeout(60)

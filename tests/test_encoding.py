@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.claims import ClaimRef, DeviceName
 from agent.devices import DeviceState, fold, inventory
 from agent.gpus import GpuErrorClass
 from agent.health.faults import Fault, FaultKind
@@ -56,6 +57,13 @@ FAULTED = dataclasses.replace(
         row_remap_failure=False,
         failed_reads=("row_remap",),
     ),
+)
+
+CLAIMED = dataclasses.replace(
+    ok(1),
+    cap_source=CapSource.CLAIM,
+    claims=(ClaimRef(namespace="ml", name="train", uid="c-1"), ClaimRef(namespace="ml", name="b")),
+    dra_device=DeviceName(driver="gpu.nvidia.com", pool="node-a", device="gpu-1"),
 )
 
 
@@ -156,6 +164,7 @@ HUGE = GpuResult(
         pytest.param(report(2**63, ok(0)), READY, None, id="largest-sequences"),
         pytest.param(report(9, HUGE), READY, {}, id="device-over-16-KiB"),
         pytest.param(report(4, FAULTED, idle(1)), READY, {}, id="faults-and-telemetry"),
+        pytest.param(report(6, CLAIMED, FAULTED), READY, {}, id="claims-and-driver-names"),
     ],
 )
 def test_encoded_cycle_is_the_mapped_message_byte_for_byte(cycle, ready, table):
@@ -257,6 +266,19 @@ results = st.builds(
     safe_default_cause=st.one_of(st.none(), st.sampled_from(SafeDefaultCause)),
     clamp=st.sampled_from(ClampDirection),
     process_count=st.integers(0, 2**32 - 1),
+    claims=st.lists(
+        st.builds(ClaimRef, namespace=st.text(max_size=20), name=st.text(max_size=40)),
+        max_size=3,
+    ).map(tuple),
+    dra_device=st.one_of(
+        st.none(),
+        st.builds(
+            DeviceName,
+            driver=st.just("gpu.nvidia.com"),
+            pool=st.text(max_size=30),
+            device=st.text(min_size=1, max_size=20),
+        ),
+    ),
     faults=st.lists(
         st.builds(
             Fault,

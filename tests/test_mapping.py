@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from agent.claims import ClaimRef, DeviceName
 from agent.devices import DeviceHealth, device_health, fold, inventory
 from agent.gpus import GpuErrorClass
 from agent.health.faults import Fault, FaultKind
@@ -352,3 +353,29 @@ def test_device_table_transition_moves_when_faults_come_and_go_not_when_counted(
     table = fold(table, report(4, ok(0), wall=400.0))
     assert table[0].last_transition_wall == 400.0
     assert device_health(table[0], latest=None, readiness=READY) is DeviceHealth.HEALTHY
+
+
+def test_a_claims_cap_names_its_claims_and_the_drivers_pool_and_device():
+    """A cap from DRA claims maps to CAP_SOURCE_CLAIM with each claim's namespace, name
+    and uid, and the GPU is named by its ResourceSlice's pool and device; a GPU no slice
+    names keeps the template's name and no pool of its own."""
+    result = dataclasses.replace(
+        ok(1, 450),
+        cap_source=CapSource.CLAIM,
+        claims=(ClaimRef(namespace="ml", name="train", uid="c-1"),),
+        dra_device=DeviceName(driver="gpu.nvidia.com", pool="node-a", device="gpu-7"),
+    )
+    message = mapping.settled(result, "ignored", DeviceHealth.HEALTHY, 0.0)
+    assert message.cap_source == pb.CAP_SOURCE_CLAIM
+    assert [(c.namespace, c.name, c.uid) for c in message.claims] == [("ml", "train", "c-1")]
+    assert message.dra_pool_name == "node-a"
+
+    def template(index: int, uuid: str | None) -> str:
+        return f"gpu-{index}"
+
+    assert mapping.dra_device_name(result, 1, UUIDS[1], template) == "gpu-7"
+    assert mapping.dra_pool_name(result, "default-pool") == "node-a"
+    plain = ok(1, 450)
+    assert mapping.dra_device_name(plain, 1, UUIDS[1], template) == "gpu-1"
+    assert mapping.dra_pool_name(plain, "default-pool") == "default-pool"
+    assert mapping.settled(plain, "gpu-1", DeviceHealth.HEALTHY, 0.0).dra_pool_name == ""

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from agent.claims import ClaimRef
 from agent.gpus import GpuErrorClass
 from agent.podevents import (
     EventSinkError,
@@ -33,6 +34,7 @@ KEY = "capwatch.io/gpu-power-limit"
 UUID = "GPU-00000000-0000-4000-8000-000000000002"
 POD = PodRef(namespace="ml", name="trainer", uid="aaaaaaaa-0000-4000-8000-000000000001")
 OTHER = PodRef(namespace="ml", name="eval", uid="aaaaaaaa-0000-4000-8000-000000000002")
+CLAIM = ClaimRef(namespace="ml", name="train-gpu")
 CAPPED = GpuResult(
     index=2,
     uuid=UUID,
@@ -111,8 +113,34 @@ def safe_default(cause: SafeDefaultCause) -> GpuResult:
             "PowerCapFailed",
             "cap write failed: no_permission; the agent retries every cycle",
         ),
+        (
+            dataclasses.replace(CAPPED, cap_source=CapSource.CLAIM, claims=(CLAIM,)),
+            EventType.NORMAL,
+            "PowerCapApplied",
+            "capped at 350 W, as claim ml/train-gpu asks",
+        ),
+        (
+            dataclasses.replace(
+                safe_default(SafeDefaultCause.INVALID),
+                claims=(CLAIM,),
+                claim_problem="claim ml/train-gpu: watts '350' is not an integer",
+            ),
+            EventType.WARNING,
+            "PowerCapSafeDefault",
+            "safe default 300 W: claim ml/train-gpu: watts '350' is not an integer",
+        ),
     ],
-    ids=["annotation", "agreed", "invalid", "disagree", "missing", "clamped", "failed"],
+    ids=[
+        "annotation",
+        "agreed",
+        "invalid",
+        "disagree",
+        "missing",
+        "clamped",
+        "failed",
+        "claim",
+        "claim-invalid",
+    ],
 )
 def test_what_each_owner_pod_is_told(
     result: GpuResult, kind: EventType, reason: str, says: str

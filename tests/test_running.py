@@ -13,6 +13,7 @@ import pytest
 from agent.attribution import Attributor, FsProcRoot
 from agent.hub import Hub
 from agent.lifecycle import Agent
+from agent.nudge import MIN_GAP_S, SETTLE_S, Nudge
 from agent.ownership import OwnershipStore
 from agent.reconciling import Policy, Reconciler
 from agent.running import AgentLoop, CycleThread
@@ -35,6 +36,7 @@ def build(
     wrap=None,
     on_report=None,
     clock: Clock | None = None,
+    nudge: Nudge | None = None,
 ):
     rig = SimRig(tmp_path / "proc")
     pods = StaticPodView(PODS)
@@ -58,6 +60,7 @@ def build(
         interval_s=interval,
         cycle_thread=thread,
         on_report=on_report,
+        nudge=nudge,
     )
     agent = Agent(
         node_name="rig",
@@ -243,3 +246,43 @@ async def test_a_busy_event_loop_does_not_stretch_the_period(tmp_path: Path):
     assert len(starts) == 4
     periods = [b - a for a, b in itertools.pairwise(starts)]
     assert periods == pytest.approx([0.5] * 3, abs=1e-9), periods
+
+
+async def test_a_nudge_brings_the_next_cycle_forward_but_never_too_close(tmp_path: Path):
+    """A watch's nudge (a claim allocated here, a pod bound here) right after a cycle makes
+    the next one start MIN_GAP_S after it, not an interval later; one arriving during a
+    cycle's settle time is in that cycle; without a nudge the interval holds. On virtual
+    time, to the instant."""
+    nudge = Nudge()
+
+    def run_on_virtual_time() -> tuple[list[float], int]:
+        loop = VirtualTimeLoop()
+        starts: list[float] = []
+
+        def seen(report) -> None:
+            starts.append(report.started_monotonic)
+            if len(starts) == 1:
+                nudge()
+                nudge()  # a burst: one early cycle
+            if len(starts) == 2:
+                loop.call_later(30.0, nudge)  # mid-interval: SETTLE_S later
+
+        async def body() -> tuple[list[float], int]:
+            _, _, _, agent = build(
+                tmp_path, interval=60.0, on_report=seen, clock=LoopClock(), nudge=nudge
+            )
+            try:
+                await agent.loop.run(asyncio.Event(), max_cycles=4)
+            finally:
+                agent._cycle_thread.close()
+            return starts, agent.loop.early_cycles
+
+        try:
+            return loop.run_until_complete(body())
+        finally:
+            loop.close()
+
+    starts, early = await asyncio.to_thread(run_on_virtual_time)
+    periods = [b - a for a, b in itertools.pairwise(starts)]
+    assert periods == pytest.approx([MIN_GAP_S, 30.0 + SETTLE_S, 60.0], abs=1e-9), periods
+    assert early == 2

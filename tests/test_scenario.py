@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.claims import API_VERSION, KIND
 from agent.gpus import GpuErrorClass
 from agent.sim.proctree import CgroupLayout, QosClass
 from agent.sim.scenario import (
@@ -83,7 +84,8 @@ def test_the_base_document_is_valid_and_parses_every_field() -> None:
 
 def test_default_scenario_is_the_documented_demo() -> None:
     """The built-in scenario parses and contains each story the demo promises, the lost
-    GPU's included."""
+    GPU's and the claim's included: the batch job's claim asks a cap for GPU 5 from the
+    cycle its pod is bound, two cycles before its process starts."""
     s = default_scenario()
     assert s.node_name == "sim-node-0"
     assert s.safe_default_watts == 300
@@ -101,7 +103,20 @@ def test_default_scenario_is_the_documented_demo() -> None:
     assert any(p.pod is None for p in s.processes), "a non-Kubernetes process"
     transient = next(p for p in s.pods if p.cycles != ALWAYS)
     assert transient.cycles == CycleRange(first=3, last=8)
-    assert [p.cycles for p in s.processes if p.pod == transient.uid] == [transient.cycles]
+    assert KEY not in transient.annotations, "its cap comes from its claim"
+    assert [(p.gpu, p.cycles) for p in s.processes if p.pod == transient.uid] == [
+        (5, CycleRange(first=5, last=8))
+    ]
+    (claim,) = s.claims
+    assert (str(claim), claim.reserved_for, claim.cycles) == (
+        "batch/nightly-etl-gpu",
+        (transient.ref,),
+        transient.cycles,
+    )
+    assert [d.device for d in claim.devices] == ["gpu-5"]
+    assert claim.cap is not None
+    assert claim.cap.value == {"apiVersion": API_VERSION, "kind": KIND, "watts": 250}
+    assert s.slices is None, "the node's slice is derived from its GPUs"
     (fault,) = s.faults
     assert (fault.op, fault.error, fault.cycles) == (
         FaultOp.SET_LIMIT,
@@ -117,12 +132,14 @@ def test_default_scenario_is_the_documented_demo() -> None:
     assert 4 not in busy, "the lost GPU is the idle one: nothing of the other stories changes"
 
 
-def test_docs_example_is_a_valid_scenario() -> None:
-    """The annotated example in docs/scenario.md parses, so the docs cannot rot silently."""
+def test_docs_examples_are_valid_scenarios() -> None:
+    """Every yaml example in docs/scenario.md parses (the slices example and the annotated
+    one, last), so the docs cannot rot silently."""
     blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.DOTALL)
-    assert blocks, "docs/scenario.md has a yaml example"
-    s = parse_scenario(yaml.safe_load(blocks[0]), source="docs")
+    assert len(blocks) == 2, "docs/scenario.md has its two yaml examples"
+    *_, s = [parse_scenario(yaml.safe_load(b), source="docs") for b in blocks]
     assert [f.op for f in s.faults] == [FaultOp.UUID, FaultOp.PROCESSES, FaultOp.POD_VIEW]
+    assert [str(c) for c in s.claims] == ["team-a/train-gpu", "team-b/short-job-gpu"]
     assert s.faults[0].identity_check_only
     assert s.processes[3].cycles == CycleRange(first=6, last=6)
 
@@ -364,6 +381,41 @@ def test_non_yaml_file_is_a_scenario_error_chained_from_the_cause(
     assert fragment in caught.value.reason
     assert "\n" not in caught.value.reason
     assert isinstance(caught.value.__cause__, yaml.YAMLError)
+
+
+def _alias_bomb(levels: int) -> str:
+    """A "billion laughs": each level nine aliases of the one before, 9**levels values."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, levels):
+        lines.append(f"l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("node_name: &name n1\n", "1:12"),
+        ("node_name: n1\ngpus:\n  - &gpu {uuid: GPU-0}\n", "3:5"),
+        ("defaults: &d {a: 1}\ngpus:\n  - <<: *d\n", "1:11"),
+        (_alias_bomb(7), "1:5"),
+        (_alias_bomb(9), "1:5"),  # 387 million values: never finished before
+    ],
+    ids=["scalar-anchor", "mapping-anchor", "merge-key", "bomb-7", "bomb-9"],
+)
+def test_anchors_and_aliases_are_refused_where_the_first_one_is(
+    tmp_path: Path, text: str, where: str
+) -> None:
+    """No shipped scenario uses anchors or aliases, and a few lines of nested aliases
+    expand beyond any validator's walk: the first anchor (or alias) is a one-line
+    ScenarioError at its file:line:column, before anything is expanded."""
+    path = tmp_path / "aliases.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert caught.value.reason == (
+        f"not valid YAML at {path}:{where}: anchors and aliases (&name, *name) are not "
+        "supported: write each value out"
+    )
 
 
 VALID_FILE = """\

@@ -339,6 +339,7 @@ def test_device_fault_spec_rejects_inconsistent_construction(fields: dict[str, A
 def test_the_docs_annotated_example_has_device_faults() -> None:
     """The annotated example in docs/scenario.md shows the common kinds, and parses."""
     docs = (Path(__file__).resolve().parent.parent / "docs" / "scenario.md").read_text()
-    example = docs.split("```yaml\n", 1)[1].split("```", 1)[0]
+    section = docs.split("## An annotated example", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     kinds = [f.kind for f in parse_scenario(yaml.safe_load(example), source="docs").device_faults]
     assert kinds == [K.XID, K.XID, K.ECC, K.LOST, K.ROW_REMAP_FAILURE, K.THROTTLE, K.UNSUPPORTED]

@@ -17,7 +17,8 @@ from agent.gpus import GpuBackend, GpuError, GpuErrorClass, WriteOutcome, WriteR
 from agent.ownership import OwnershipStore
 from agent.pods import PodView
 from agent.reconciling import Policy, Reconciler
-from agent.reports import Outcome
+from agent.reports import CapSource, Outcome
+from agent.sim.claims import SimClaimView
 from agent.sim.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text
 from agent.sim.scenario import FaultOp, FaultSpec, PodSpec, Scenario, parse_scenario
 from agent.sim.scenario import default_scenario as builtin_scenario
@@ -471,7 +472,9 @@ def test_world_is_safe_to_use_from_several_threads() -> None:
 
 
 def test_builtin_scenario_tells_its_story_through_the_real_reconciler(tmp_path: Path) -> None:
-    """The demo's promises hold end to end: fault in cycles 4-6 only, GPU 5 released in cycle 9."""
+    """The demo's promises hold end to end: fault in cycles 4-6 only; GPU 5 capped at 250 W
+    through its claim (source claim, the claim named) from cycle 3, before its process
+    starts in cycle 5; released in cycle 9."""
     s = builtin_scenario()
     world = SimWorld(s)
     world.materialise_procs(tmp_path / "proc")
@@ -488,16 +491,21 @@ def test_builtin_scenario_tells_its_story_through_the_real_reconciler(tmp_path: 
         ),
         initial_device_count=backend.device_count(),
         listeners=[world],
+        claims=SimClaimView(world, node=s.node_name),
     )
     reports = [reconciler.reconcile_once() for _ in range(10)]
     assert [r.enforced for r in reports] == [True] * 3 + [False] * 3 + [True] * 4
     first = reports[0].gpus
     assert [g.applied_watts for g in first] == [450, 350, 300, 700, None, None]
     assert first[4].outcome is Outcome.IDLE
-    assert [r.gpus[5].outcome for r in reports[7:]] == [
-        Outcome.ENFORCED,
+    gpu5 = [r.gpus[5] for r in reports]
+    assert [g.outcome for g in gpu5] == [Outcome.IDLE] * 2 + [Outcome.ENFORCED] * 6 + [
         Outcome.RELEASED,
         Outcome.IDLE,
     ]
+    for capped in gpu5[2:8]:
+        assert (capped.applied_watts, capped.cap_source) == (250, CapSource.CLAIM)
+        assert [str(c) for c in capped.claims] == ["batch/nightly-etl-gpu"]
+    assert [g.process_count for g in gpu5[2:8]] == [0, 0, 1, 1, 1, 1], "capped before it runs"
     assert world.limit_milliwatts(5) == 700_000
     assert world.limit_milliwatts(0) == 450_000

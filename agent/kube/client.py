@@ -16,7 +16,6 @@ from __future__ import annotations
 import http.client
 import logging
 import os
-import random
 from typing import Any, cast
 
 import kubernetes.client
@@ -24,9 +23,7 @@ import kubernetes.config
 import urllib3
 import urllib3.exceptions
 
-from agent.kube.informer import WatchPolicy
-from agent.kube.podview import PodInformer
-from agent.kube.wire import ApiStatusError, retry_after_seconds
+from agent.kube.wire import ApiStatusError, retry_after_seconds, status_message
 from agent.podevents import EventSinkError, PodEvent, event_body
 from kit.clock import Clock
 from kit.errors import ConfigError
@@ -72,6 +69,32 @@ def api_client_from_environment(kubeconfig: str | None) -> kubernetes.client.Api
     # balancer that silently drops idle flows is noticed (older clients ignore it).
     configuration.keep_alive = True
     return kubernetes.client.ApiClient(configuration)
+
+
+def group_version_served(
+    client: kubernetes.client.ApiClient, path: str, *, timeout: float
+) -> bool | None:
+    """Whether the API server serves the group version at ``path`` (``/apis/resource.k8s.io/v1``):
+    True, False (404: an older server, or the group switched off), or None when it could
+    not be told (the server unreachable, an error status): the caller then assumes it is."""
+    try:
+        _, url, headers, _, _ = client.param_serialize(
+            "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
+        )
+        response = client.call_api("GET", url, header_params=headers, _request_timeout=timeout)
+        status = response.response.status
+        response.response.release_conn()
+    except kubernetes.client.ApiException as err:
+        status = int(err.status or 0)
+    except _TRANSIENT as err:
+        logger.warning("cannot tell whether %s is served (%s)", path, _describe(err))
+        return None
+    if status == 404:
+        return False
+    if 200 <= status < 300:
+        return True
+    logger.warning("cannot tell whether %s is served (HTTP %d)", path, status)
+    return None
 
 
 class KubernetesEventSink:
@@ -167,26 +190,79 @@ class KubernetesPodRequests:
         return cast(urllib3.HTTPResponse, response)
 
 
-class KubernetesPodView(PodInformer):
-    """The pod view (:mod:`agent.kube.podview`) over the ``kubernetes`` client."""
+class CollectionRequests:
+    """LIST and WATCH of one collection (``/api/v1/nodes``, a namespace's pods, the
+    cluster's ResourceClaims) as raw responses, for :class:`~agent.kube.informer.Informer`;
+    a label and a field selector narrow it. The agent's claims view and the controller's
+    discovery list and watch through it."""
 
     def __init__(
         self,
+        client: kubernetes.client.ApiClient,
         *,
-        node_name: str,
-        api_client: kubernetes.client.ApiClient,
-        namespace: str | None = None,
-        clock: Clock,
-        policy: WatchPolicy,
-        rng: random.Random | None = None,
+        path: str,
+        label_selector: str = "",
+        field_selector: str = "",
     ) -> None:
-        super().__init__(
-            node_name=node_name,
-            requests=KubernetesPodRequests(api_client, node_name=node_name, namespace=namespace),
-            clock=clock,
-            policy=policy,
-            rng=rng,
-        )
+        self._client = client
+        self._path = path
+        self._selector = label_selector
+        self._fields = field_selector
+
+    def list(self, *, limit: int, continue_token: str, timeout: float) -> urllib3.HTTPResponse:
+        query = {"limit": str(limit)}
+        if continue_token:
+            query["continue"] = continue_token
+        return self._raw(query, (timeout, timeout))
+
+    def watch(
+        self,
+        *,
+        resource_version: str,
+        timeout_seconds: int,
+        connect_timeout: float,
+        read_timeout: float,
+    ) -> urllib3.HTTPResponse:
+        query = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        return self._raw(query, (connect_timeout, read_timeout))
+
+    def _raw(self, query: dict[str, str], timeout: tuple[float, float]) -> urllib3.HTTPResponse:
+        if self._selector:
+            query["labelSelector"] = self._selector
+        if self._fields:
+            query["fieldSelector"] = self._fields
+        try:
+            _, url, headers, _, _ = self._client.param_serialize(
+                "GET",
+                self._path,
+                query_params=list(query.items()),
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+            )
+            response = self._client.call_api(
+                "GET", url, header_params=headers, _request_timeout=timeout
+            )
+        except kubernetes.client.ApiException as err:
+            raise ApiStatusError(
+                status=int(err.status or 0),
+                reason=str(err.reason or ""),
+                retry_after=retry_after_seconds(err.headers),
+            ) from err
+        raw: urllib3.HTTPResponse = response.response
+        if not 200 <= raw.status < 300:
+            try:
+                reason = status_message(raw.data)
+            finally:
+                raw.release_conn()
+            raise ApiStatusError(
+                status=raw.status, reason=reason, retry_after=retry_after_seconds(raw.headers)
+            )
+        return raw
 
 
 def _describe(err: BaseException) -> str:

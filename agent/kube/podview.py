@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -41,24 +41,32 @@ from kit.errors import PodViewError
 class _PodStore:
     """The cache the informer fills (on its thread) and snapshots read."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_new_pod: Callable[[], None] | None) -> None:
         self.lock = threading.Lock()
         self.pods: dict[str, PodInfo] = {}
         self.published: PodSnapshot | None = None  # None: rebuild on the next snapshot
+        self._on_new_pod = on_new_pod
 
     def replace(self, objects: list[Mapping[str, Any]]) -> None:
         pods = {info.ref.uid: info for obj in objects if (info := pod_info(obj)) is not None}
         with self.lock:
+            new = bool(pods.keys() - self.pods.keys())
             self.pods = pods
             self.published = None
+        if new and self._on_new_pod is not None:
+            self._on_new_pod()
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        new = False
         with self.lock:
             if kind == "DELETED":
                 self.pods.pop(str(as_mapping(obj.get("metadata")).get("uid") or ""), None)
             elif (info := pod_info(obj)) is not None:
+                new = info.ref.uid not in self.pods
                 self.pods[info.ref.uid] = info
             self.published = None
+        if new and self._on_new_pod is not None:
+            self._on_new_pod()  # a pod just bound here: its cap before its first process
 
 
 class PodInformer:
@@ -72,11 +80,14 @@ class PodInformer:
         clock: Clock,
         policy: WatchPolicy,
         rng: random.Random | None = None,
+        on_new_pod: Callable[[], None] | None = None,
     ) -> None:
+        """``on_new_pod``: called (on the informer's thread) when a pod the view did not
+        hold arrives: the agent's :class:`~agent.nudge.Nudge`."""
         if not node_name:
             raise ValueError("node_name must not be empty")
         self._node = node_name
-        self._store = _PodStore()
+        self._store = _PodStore(on_new_pod)
         self._informer = Informer(
             what=f"pods on node {node_name}",
             requests=requests,

@@ -89,3 +89,12 @@ def pod_info(obj: Mapping[str, Any]) -> PodInfo | None:
         return None
     annotations = {str(k): str(v) for k, v in as_mapping(metadata.get("annotations")).items()}
     return PodInfo(ref=PodRef(namespace=namespace, name=name, uid=uid), annotations=annotations)
+
+
+def status_message(data: bytes | None) -> str:
+    """The message of a ``Status`` error body, or a short prefix of whatever came back."""
+    try:
+        decoded = json.loads(data or b"")
+    except ValueError:
+        return (data or b"")[:120].decode("utf-8", errors="replace")
+    return str(decoded.get("message", "")) if isinstance(decoded, dict) else ""

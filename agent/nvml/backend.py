@@ -202,9 +202,9 @@ class NvmlBackend:
         try:
             pynvml.nvmlInit()
         except Exception as exc:
-            error_class, code, text = _failure(exc)
+            error_class, _, text = _failure(exc)  # text ends "(code=9)" when NVML gave one
             raise BackendUnavailable(
-                f"NVML initialisation failed: error_class={error_class.value} code={code} {text}"
+                f"NVML initialisation failed: error_class={error_class.value} {text}"
             ) from exc
         _log.info("nvml initialised")
         self._watch = self._start_events()

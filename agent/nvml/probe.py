@@ -168,10 +168,10 @@ def render(result: Mapping[str, Any], out: TextIO, *, as_json: bool) -> None:
     out.write(f"GPUs: {result['device_count']}\n")
     for gpu in result["gpus"]:
         out.write(f"GPU {gpu['index']}  {gpu['uuid']}\n")
-        out.write(f"  constraints (mW): {gpu['constraints_milliwatts']}\n")
+        out.write(f"  power limits: {_constraints(gpu['constraints_milliwatts'])}\n")
         out.write(f"  compute processes: {gpu['processes']}\n")
         for name, value in gpu["readings"].items():
-            out.write(f"  {name}: {value}\n")
+            out.write(f"  {name}: {_plain(value)}\n")
     waited = result.get("events_for_s", 0)
     events = result["events"]
     out.write(f"events in {waited:g} s: {len(events) or 'none'}\n")
@@ -180,6 +180,24 @@ def render(result: Mapping[str, Any], out: TextIO, *, as_json: bool) -> None:
             f"  {event['kind']} code={event['code']} gpu={event['index']} "
             f"uuid={event['uuid']} count={event['count']}\n"
         )
+
+
+def _constraints(constraints: Mapping[str, int] | str) -> str:
+    """``min 100000 mW, max 400000 mW, default 300000 mW``, or the failure as read."""
+    if isinstance(constraints, str):
+        return constraints
+    return ", ".join(
+        f"{bound} {constraints[f'{bound}_milliwatts']} mW" for bound in ("min", "max", "default")
+    )
+
+
+def _plain(value: object) -> str:
+    """A reading as a person reads it: no Python list or boolean spelling."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value) or "none"
+    return str(value)
 
 
 def run_probe(settings: ProbeSettings, out: TextIO) -> int:

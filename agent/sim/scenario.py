@@ -1,9 +1,11 @@
 """The simulation scenario file: its dataclasses, parser and validator.
 
 A scenario describes a simulated node for the ``sim`` backend and pod view:
-its GPUs, the pods on it, which processes run on which GPU, faults to inject
-into backend calls, and faults of the devices themselves (``device_faults``,
-parsed by :mod:`agent.sim.scenario_devices`), each optionally limited to a range of
+its GPUs, the pods on it, which processes run on which GPU, the DRA
+ResourceClaims allocated on it and its ResourceSlices (``claims``, ``slices``,
+parsed by :mod:`agent.sim.scenario_claims`), faults to inject into backend
+calls, and faults of the devices themselves (``device_faults``, parsed by
+:mod:`agent.sim.scenario_devices`), each optionally limited to a range of
 reconcile cycles. The format is
 YAML (JSON is valid YAML) and is documented in ``docs/scenario.md``.
 
@@ -33,6 +35,7 @@ from agent.pods import PodInfo, PodRef
 from agent.sim import yamlsource
 from agent.sim.cycles import ALWAYS, CycleRange
 from agent.sim.proctree import CgroupLayout, QosClass
+from agent.sim.scenario_claims import ClaimSpec, SliceSpec, parse_claims, parse_slices
 from agent.sim.scenario_devices import DeviceFaultSpec, parse_device_faults
 from agent.sim.yamlsource import Position, join
 from kit.errors import ScenarioError
@@ -141,6 +144,8 @@ class Scenario:
     processes: tuple[ProcessSpec, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
     device_faults: tuple[DeviceFaultSpec, ...] = ()  # see agent.sim.scenario_devices
+    claims: tuple[ClaimSpec, ...] = ()  # see agent.sim.scenario_claims
+    slices: tuple[SliceSpec, ...] | None = None  # None: derived from the GPUs
     interval_seconds: float | None = None  # a hint for the demo's --interval
     description: str = ""
     source: str = ""  # where it was loaded from, for messages
@@ -300,20 +305,36 @@ class _Parser:
         optional = (
             "pods",
             "processes",
+            "claims",
+            "slices",
             "faults",
             "device_faults",
             "interval_seconds",
             "description",
         )
         raw = self.mapping(data, "", ("node_name", "safe_default_watts", "gpus"), optional)
+        node_name = self.string(raw["node_name"], "node_name")
         gpus = self.gpus(raw["gpus"])
         pods = self.pods(raw.get("pods", []))
+        uuids = [g.uuid for g in gpus]
+        slices = None
+        if "slices" in raw:
+            slices = parse_slices(self, raw["slices"], node_name=node_name, gpu_uuids=uuids)
         return Scenario(
-            node_name=self.string(raw["node_name"], "node_name"),
+            node_name=node_name,
             safe_default_watts=self.watts(raw["safe_default_watts"], "safe_default_watts"),
             gpus=gpus,
             pods=pods,
             processes=self.processes(raw.get("processes", []), gpus, pods),
+            claims=parse_claims(
+                self,
+                raw.get("claims", []),
+                node_name=node_name,
+                gpu_uuids=uuids,
+                pods=[p.ref for p in pods],
+                slices=slices,
+            ),
+            slices=slices,
             faults=tuple(
                 self.fault(item, f"faults[{i}]", gpus)
                 for i, item in enumerate(self.sequence(raw.get("faults", []), "faults"))

@@ -35,7 +35,21 @@ def join(path: str, key: str) -> str:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last silently)."""
+    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last silently),
+    and anchors and aliases: a few lines of nested aliases (a "billion laughs") expand
+    to more values than any validator can walk, and no configuration needs them."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            mark = event.start_mark  # the pure-Python loader's
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "anchors and aliases (&name, *name) are not supported: write each value out",
+                mark if isinstance(mark, yaml.error.Mark) else None,
+            )
+        return super().compose_node(parent, index)
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -65,7 +79,7 @@ def load(text: str) -> tuple[object, dict[str, Position]]:
         loader.dispose()
     positions: dict[str, Position] = {}
     if node is not None:
-        _walk(node, "", positions, frozenset())
+        _walk(node, "", positions)
     return data, positions
 
 
@@ -89,11 +103,9 @@ def describe(exc: yaml.YAMLError, source: str) -> str:
     return f"{where}: {what}"
 
 
-def _walk(node: yaml.Node, path: str, out: dict[str, Position], above: frozenset[int]) -> None:
+def _walk(node: yaml.Node, path: str, out: dict[str, Position]) -> None:
+    # A tree: without aliases no node is reached twice.
     out.setdefault(path, _position(node.start_mark))
-    if id(node) in above:  # an alias of an enclosing node: a cycle
-        return
-    above |= {id(node)}
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             if not isinstance(key, yaml.ScalarNode):
@@ -101,10 +113,10 @@ def _walk(node: yaml.Node, path: str, out: dict[str, Position], above: frozenset
             # An error about an entry points at its key: the line a reader looks for.
             out.setdefault(join(path, str(key.value)), _position(key.start_mark))
             out.setdefault(f'{path}["{key.value}"]', _position(key.start_mark))
-            _walk(value, join(path, str(key.value)), out, above)
+            _walk(value, join(path, str(key.value)), out)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _walk(item, f"{path}[{index}]", out, above)
+            _walk(item, f"{path}[{index}]", out)
 
 
 def _position(mark: yaml.Mark) -> Position:

@@ -1,9 +1,15 @@
 """``capwatch demo --cluster``: a cluster of simulated nodes, a controller, every condition.
 
 Three parts, as a cluster has them: ``capwatch pool`` serves 12 simulated nodes
-from one process, with faults on a schedule (some nodes' cap writes fail,
-some hang, some go silent, and all recover); ``capwatch controller --dry-run``
-follows every node's stream as it follows real agents, and prints the Node
+(``sim-node-0`` to ``sim-node-11``) from one process, with faults on a schedule
+(:data:`SCHEDULE`, in node intervals after a 4 s lead; the times here are at
+the default 1 s interval): about 8 s in, the cap writes of sim-node-1, -8, -10 and -11
+fail (False, CapWriteFailed) for 8 s; at 14 s sim-node-2 and -9 hang
+(Unknown, CycleStale) for 10 s; at 20 s sim-node-4 and -7 go silent (Unknown,
+AgentUnreachable) for 8 s; every node then recovers (True), and it all
+repeats every 40 s. The other four nodes stay True throughout. The intro says
+the same, at the interval in use. ``capwatch controller --dry-run`` follows
+every node's stream as it follows real agents, and prints the Node
 condition patches and Events it would write (shown as they come); and the
 demo follows the controller's cluster stream (capwatch.v1.ClusterHealthService)
 with the client and the table of ``capwatch watch --cluster`` (redrawn in
@@ -20,39 +26,55 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.sim.poolspec import PoolFault, PoolFaultKind, node_names
 from capwatch.demo.children import Child, logged
 from capwatch.demo.settings import DemoError, DemoSettings
 from capwatch.logs import configure_logging
-from capwatch.watch.cluster_table import NodeBoard
+from capwatch.watch.cluster_table import NodeBoard, natural_key
 from capwatch.watch.layout import FAILED, GOOD, QUIET
 from capwatch.watch.screen import Screen, log_stream, screen_for
 from client.cluster_health import ClusterHealthClient
 from client.stream_events import ClusterEvent, ClusterSnapshot, Disconnected, NodeUpdate
+from kit.scratch import ScratchDirectory
 from server.listeners import address_in_use
 
 log = logging.getLogger(__name__)
 
 NODES = 12
+NODE_PREFIX = "sim-node-"  # the pool's default
 GPUS = 4
 DEFAULT_INTERVAL_S = 1.0
 # The schedule, in node intervals after a lead time for the parts to start and connect:
-# (kind, fraction of the nodes, start, duration), every PERIOD intervals. With these
-# fractions 4 of the 12 nodes' writes fail, 2 hang and 2 go silent (one node does all).
+# (kind, the nodes it hits, start, duration), again every PERIOD intervals: 4 nodes'
+# writes fail, then 2 hang and 2 go silent, 8 different nodes. The pool picks a fault's
+# nodes itself: those whose hash with the fault's place in its --fault list falls below
+# the fault's fraction. So each entry is passed with the fraction that picks exactly its
+# nodes (:func:`pool_fraction`), which must be the lowest-hashed for its place: these
+# nodes, in this order, are (a kind takes two places where one would reach a node an
+# earlier entry has; tests/test_demo_cluster.py holds the pool to them).
 LEAD_S = 4.0
 PERIOD = 40
-SCHEDULE = (
-    ("write_failed", 0.25, 4, 8),
-    ("hang", 0.15, 10, 10),
-    ("silent", 0.15, 16, 8),
+SCHEDULE: tuple[tuple[str, tuple[str, ...], int, int], ...] = (
+    ("write_failed", ("sim-node-1", "sim-node-8", "sim-node-10", "sim-node-11"), 4, 8),
+    ("hang", ("sim-node-2",), 10, 10),
+    ("hang", ("sim-node-9",), 10, 10),
+    ("silent", ("sim-node-7",), 16, 8),
+    ("silent", ("sim-node-4",), 16, 8),
 )
+# What the intro says each kind does to its nodes, and what the controller shows for it.
+_TOLD = {
+    "write_failed": "the cap writes of {nodes} fail for {for_s}s (False, CapWriteFailed)",
+    "hang": "{nodes} hang for {for_s}s (Unknown, CycleStale)",
+    "silent": "{nodes} go silent for {for_s}s (Unknown, AgentUnreachable)",
+}
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
@@ -61,12 +83,62 @@ def _seconds(value: float) -> str:
 
 
 def cluster_faults(interval_s: float) -> tuple[str, ...]:
-    """The pool's ``--fault`` values for nodes cycling every ``interval_s``."""
+    """The pool's ``--fault`` values for nodes cycling every ``interval_s``, in
+    :data:`SCHEDULE`'s order (a fault's place in the list is part of what it picks)."""
     return tuple(
-        f"{kind}:{fraction:g}@{_seconds(LEAD_S + start * interval_s)}"
+        f"{kind}:{pool_fraction(slot)}@{_seconds(LEAD_S + start * interval_s)}"
         f"+{_seconds(duration * interval_s)}/{_seconds(PERIOD * interval_s)}"
-        for kind, fraction, start, duration in SCHEDULE
+        for slot, (kind, _, start, duration) in enumerate(SCHEDULE)
     )
+
+
+@functools.cache
+def pool_fraction(slot: int) -> str:
+    """The shortest fraction (as the flag spells it) with which the pool's fault in place
+    ``slot`` hits exactly :data:`SCHEDULE`'s nodes for it, found by the pool's own rule
+    (:meth:`~agent.sim.poolspec.PoolFault.hits`). Raises ValueError when none does."""
+    kind, nodes, _, _ = SCHEDULE[slot]
+    names = node_names(NODES, prefix=NODE_PREFIX)
+
+    def hit(fraction: float) -> set[str]:
+        fault = PoolFault(
+            kind=PoolFaultKind(kind), fraction=fraction, start_s=0, duration_s=1, slot=slot
+        )
+        return {name for name in names if fault.hits(name)}
+
+    def least(name: str) -> float:  # the least fraction that hits ``name``, to 2**-52
+        low, high = 0.0, 1.0
+        for _ in range(52):
+            middle = (low + high) / 2
+            low, high = (low, middle) if name in hit(middle) else (middle, high)
+        return high
+
+    wanted = set(nodes)
+    floor = max(least(name) for name in wanted)
+    for places in range(1, 13):
+        text = f"{(int(floor * 10**places) + 1) / 10**places:.{places}f}"
+        if hit(float(text)) == wanted:
+            return text
+    raise ValueError(f"the pool's fault {slot} cannot hit exactly {', '.join(sorted(nodes))}")
+
+
+def schedule_lines(interval_s: float) -> list[str]:
+    """What the schedule does, for the intro: to which nodes, when, for how long, and
+    what the controller makes of it (every entry of a kind has the same window)."""
+    told = []
+    for kind, sentence in _TOLD.items():
+        entries = [entry for entry in SCHEDULE if entry[0] == kind]
+        nodes = sorted((n for entry in entries for n in entry[1]), key=natural_key)
+        named = f"{', '.join(nodes[:-1])} and {nodes[-1]}" if len(nodes) > 1 else nodes[0]
+        _, _, start, duration = entries[0]
+        at, for_s = LEAD_S + start * interval_s, duration * interval_s
+        told.append(f"from about {at:g}s " + sentence.format(nodes=named, for_s=f"{for_s:g}"))
+    untouched = NODES - len({n for entry in SCHEDULE for n in entry[1]})
+    return [
+        f"Each node cycles every {interval_s:g}s; " + "; ".join(told) + "; then every node is "
+        f"True again, and it all repeats every {PERIOD * interval_s:g}s. The other "
+        f"{untouched} nodes stay True. Ctrl-C stops everything."
+    ]
 
 
 class ClusterDemo:
@@ -151,10 +223,7 @@ class ClusterDemo:
             f"capwatch demo --cluster: {NODES} simulated nodes of {GPUS} GPUs in one pool "
             "process, followed by a controller in --dry-run (it prints the Node condition "
             "patches and Events it would write).",
-            f"Each node cycles every {self._interval_s:g}s; from about "
-            f"{LEAD_S + SCHEDULE[0][2] * self._interval_s:g}s some nodes' cap writes fail "
-            "(False), some hang or go silent (Unknown), and all recover (True), again every "
-            f"{PERIOD * self._interval_s:g}s. Ctrl-C stops everything.",
+            *schedule_lines(self._interval_s),
             f"pool: {pool_at}   cluster stream: {cluster_at}",
             "watch it from another terminal:",
             f"  .venv/bin/capwatch watch --cluster --target {cluster_at}",
@@ -204,8 +273,9 @@ class ClusterDemo:
 
 def run_cluster_demo(settings: DemoSettings) -> int:
     """Run until Ctrl-C; raises DemoError (one line) when a part cannot start."""
-    with tempfile.TemporaryDirectory(prefix="capwatch-demo-cluster-") as state_dir:
-        return asyncio.run(_run(settings, Path(state_dir)))
+    # Removed at the end, or by the next demo if this one is SIGKILLed.
+    with ScratchDirectory("capwatch-demo-cluster-") as state_dir:
+        return asyncio.run(_run(settings, state_dir))
 
 
 async def _run(settings: DemoSettings, state_dir: Path) -> int:

@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import socket
 import sys
-import tempfile
 from pathlib import Path
 
 from agent.assembly import load_settings_scenario
@@ -43,6 +42,7 @@ from capwatch.logs import configure_logging
 from capwatch.watch.layout import FAILED, GOOD, Line, wrapped
 from capwatch.watch.screen import Screen, log_stream, screen_for
 from capwatch.watch.tables import Frame, GpuBoard
+from kit.scratch import ScratchDirectory
 from server.grpc import mapping
 from server.grpc.serving import AgentServer
 from server.settings import server_settings
@@ -53,8 +53,9 @@ EXIT_OK, EXIT_FAILED = 0, 1
 
 
 def run_demo(settings: DemoSettings) -> int:
-    with tempfile.TemporaryDirectory(prefix="capwatch-demo-state-") as state_dir:
-        return asyncio.run(_demo(settings, Path(state_dir)))
+    # Removed at the end, or by the next demo if this one is SIGKILLed.
+    with ScratchDirectory("capwatch-demo-state-") as state_dir:
+        return asyncio.run(_demo(settings, state_dir))
 
 
 async def _demo(settings: DemoSettings, state_dir: Path) -> int:

@@ -6,9 +6,11 @@ GPUs healthy of total, and the age of its latest cycle. Lines are
 :mod:`capwatch.watch.tables` segments: a terminal colours them (False red, Unknown
 yellow), plain output drops the styles. The columns each width shows are
 chosen by rank, not by what the cells hold, so nothing moves when a node
-fails; the message takes the width left and is cut with an ellipsis (with no
-width, a pipe without ``COLUMNS``, it is whole), a long node name loses its
-middle.
+fails; NODE is as wide as the longest name seen (so far; at most 28 on a
+terminal, where a longer name loses its middle), and the message takes the
+width left and is cut with an ellipsis (with no width, a pipe without
+``COLUMNS``, it is whole). Nodes are in natural order: ``sim-node-2`` before
+``sim-node-10``.
 
 The age is the one the controller measured when it sent the node, plus the
 time since that message arrived. The controller sends a node again only when
@@ -17,12 +19,15 @@ steady node the age counts from its last change; a node whose agent stops
 cycling turns ``CycleStale`` (an update) within its staleness bound.
 
 :class:`NodeBoard` keeps what a screen shows: every node as last reported
-(redrawn in place on a terminal), and what each message changed (a line per
-changed node, all that is printed elsewhere).
+(redrawn in place on a terminal), what each message changed (a line per
+changed node, all that is printed elsewhere), and the table again at a later
+time (its ages counted on, for a watch whose stream was lost).
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -118,15 +123,35 @@ def node_table(
     *,
     longest: int = 0,
 ) -> list[Line]:
-    """A header and a row per node. Fitted to ``width``, a name too long for its column
-    loses its middle; with no width, names are whole: the column is as wide as the
-    ``longest`` name seen (so far: a later, longer one widens it from then on)."""
+    """A header and a row per node. NODE is as wide as the ``longest`` name seen (so
+    far: a later, longer one widens it from then on; 0: not known, NODE_COLUMNS' own
+    width), the rest going to the message. Fitted to ``width``, a name too long for
+    its column loses its middle; with no width, names are whole."""
     columns = NODE_COLUMNS
-    if width is None and longest > NODE_COLUMNS[0].max:
-        columns = (replace(NODE_COLUMNS[0], max=longest), *NODE_COLUMNS[1:])
+    if longest:
+        columns = (node_column(longest, width), *NODE_COLUMNS[1:])
     room = fit(columns, width)[0]
     named = [((middle_cut(cells[0], room), *cells[1:]), styles) for cells, styles in rows]
     return table(columns, named, width)
+
+
+def node_column(longest: int, width: int | None) -> Column:
+    """NODE sized to the longest name: that wide, on a terminal at most its usual
+    widest (and no wider than its usual narrowest when even that does not fit)."""
+    base = NODE_COLUMNS[0]
+    size = max(len(base.name), longest)
+    if width is None:
+        return replace(base, min=size, max=size)
+    return replace(
+        base, min=min(base.min, size), max=min(base.max, size), floor=min(base.floor, size)
+    )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def natural_key(name: str) -> tuple[tuple[object, ...], str]:
+    """Sorts ``sim-node-2`` before ``sim-node-10``: each run of digits as its number."""
+    parts = re.split(r"(\d+)", name)
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
 
 
 def middle_cut(text: str, width: int | None) -> str:
@@ -222,11 +247,16 @@ class NodeBoard:
         block = self._block(now, width)
         return Frame(block=block, changes=tuple(self._heading(width)) if moved else ())
 
+    def block_at(self, now: float, width: int | None) -> tuple[Line, ...]:
+        """The table as of ``now`` (the clock of the messages' ``now``): every node as
+        last received, its age counted on since."""
+        return self._picture(now, width)
+
     def _block(self, now: float, width: int | None) -> tuple[Line, ...]:
         return self._picture(now, width) if self._blocks else ()
 
     def _picture(self, now: float, width: int | None) -> tuple[Line, ...]:
-        rows = [self._nodes[name].row(now) for name in sorted(self._nodes)]
+        rows = [self._nodes[name].row(now) for name in sorted(self._nodes, key=natural_key)]
         return (*self._heading(width), *self._table(rows, width), *self._status)
 
     def _table(self, rows: list[_Row], width: int | None) -> list[Line]:

@@ -1,16 +1,17 @@
 """``capwatch watch``: follow a node agent's (or a controller's) stream from a terminal or a script.
 
 By default the per-GPU table (redrawn in place on a terminal, only what
-changed elsewhere: see capwatch/watch/printer.py) and a line per disconnect,
-reconnect or resync; ``--json`` prints each message as one JSON object per
-line instead (status lines then go to stderr); ``--dra v1`` follows the
-kubelet's view (``NodeWatchResources``); ``--cluster`` follows a controller's
-``ClusterHealthService``, one row per node (capwatch/watch/cluster_table.py). Once
-connected it reconnects for ever, resuming where it left off, until
-``--count`` messages, Ctrl-C or SIGTERM (exit 0). A server never reached
-(unless ``--retry``) or one that refuses the request (bad argument, service
-not served) exits 1; a ``--gpu`` the agent does not have exits 2. The flags
-are capwatch/watch/settings.py's.
+changed elsewhere: see capwatch/watch/printer.py) and a line per disconnect
+(again only when its reason changes), reconnect or resync; a terminal's table
+is greyed while the stream is lost, redrawn every second. ``--json`` prints
+each message as one JSON object per line instead (status lines then go to
+stderr); ``--dra v1`` follows the kubelet's view (``NodeWatchResources``);
+``--cluster`` follows a controller's ``ClusterHealthService``, one row per
+node (capwatch/watch/cluster_table.py). Once connected it reconnects for
+ever, resuming where it left off, until ``--count`` messages, Ctrl-C or
+SIGTERM (exit 0). A server never reached (unless ``--retry``) or one that
+refuses the request (bad argument, service not served) exits 1; a ``--gpu``
+the agent does not have exits 2. The flags are capwatch/watch/settings.py's.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from capwatch.watch.settings import (
 )
 from client.retrying import RetryingClient
 from client.stream_events import Cycle, Disconnected, Snapshot
+from kit.clock import SystemClock
 from kit.errors import ConfigError
 
 __all__ = [
@@ -50,8 +52,17 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_FAILED = 0, 1
-# Retrying cannot fix these: the server understood the request and refused it.
-FATAL_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED})
+# While the stream is lost, a terminal's picture is redrawn this often (its ages move on).
+LOST_REDRAW_S = 1.0
+# Retrying cannot fix these: the server understood the request and refused it (an
+# agent serving another node than --node's answers FAILED_PRECONDITION).
+FATAL_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    }
+)
 NOT_A_CONTROLLER = "is it a capwatch controller? --cluster follows its gRPC port, 50052"
 
 
@@ -86,7 +97,8 @@ async def watch(
         target=settings.target, json=settings.json, since=settings.since, out=out, err=err
     )
     async with client, _stopping_on_signals(stop):
-        closer = asyncio.create_task(_close_when(stop, client))
+        closer = asyncio.create_task(_close_when(stop, client), name="capwatch-watch-closer")
+        ticker = asyncio.create_task(_redraw_while_lost(printer), name="capwatch-watch-redraw")
         seen = 0
         reached = False
         unchecked = bool(settings.indexes or settings.uuids)
@@ -112,10 +124,12 @@ async def watch(
                     if settings.count is not None and seen >= settings.count:
                         break
         finally:
+            ticker.cancel()
             printer.close()
             closer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await closer
+            for task in (closer, ticker):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
     return EXIT_OK
 
 
@@ -154,6 +168,16 @@ def _reached_every_gpu(cycle: pb.CycleReport) -> bool:
     # An aborted cycle reached none; one cut short by a shutdown maybe not all.
     aborted = cycle.abort_reason not in (pb.ABORT_REASON_UNSPECIFIED, pb.ABORT_REASON_NONE)
     return not aborted and not cycle.interrupted
+
+
+async def _redraw_while_lost(printer: Printer) -> None:
+    """Between retries, the lost picture's time and ages move on (on the client's clock:
+    the one its events' ``received_at`` are on)."""
+    clock = SystemClock()
+    while True:
+        await asyncio.sleep(LOST_REDRAW_S)
+        if printer.lost:
+            printer.refresh(clock.monotonic())
 
 
 async def _close_when(stop: asyncio.Event, client: RetryingClient) -> None:

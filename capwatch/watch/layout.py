@@ -47,6 +47,11 @@ def plain(line: Line) -> str:
     return "".join(text for text, _ in line).rstrip()
 
 
+def greyed(lines: Iterable[Line]) -> tuple[Line, ...]:
+    """``lines`` with every segment dimmed: a picture that is no longer live."""
+    return tuple(tuple((text, QUIET) for text, _ in line) for line in lines)
+
+
 def cut(text: str, width: int) -> str:
     """``text`` in at most ``width`` characters, an ellipsis marking a cut."""
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"

@@ -8,18 +8,26 @@ a cycle's heading and the rows that differ (a line per changed node), a
 heartbeat when readiness (or the shard's leader) moved. ``--json`` prints
 every message as one JSON object per line, with status lines on stderr so
 stdout stays pure.
+
+A lost stream is one short line (``disconnected: connection refused; retrying
+in 0.2s``), printed again only when the reason changes, not on every retry.
+On a terminal the picture stays, greyed, under a heading that says the stream
+is lost and for how long, its ages counting on from what was last received
+(:meth:`Printer.refresh` redraws it as time passes); elsewhere nothing is
+printed again until a message comes.
 """
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
+import grpc
 from google.protobuf.json_format import MessageToJson
 
 from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from api.gen.capwatch.v1 import node_health_pb2 as pb
-from capwatch.watch.cluster_table import NodeBoard
-from capwatch.watch.layout import Line
+from capwatch.watch.cluster_table import NodeBoard, age_text
+from capwatch.watch.layout import FAILED, QUIET, Line, cut, flow, greyed
 from capwatch.watch.screen import Screen, screen_for
 from capwatch.watch.tables import DeviceBoard, Frame, GpuBoard
 from client.stream_events import (
@@ -36,6 +44,11 @@ from client.stream_events import (
 Message = (
     Snapshot | Cycle | Heartbeat | DeviceList | ClusterSnapshot | NodeUpdate | ClusterHeartbeat
 )
+LOST = "yellow"
+
+
+class _Board(Protocol):
+    def block_at(self, now: float, width: int | None) -> tuple[Line, ...]: ...
 
 
 class Printer:
@@ -60,12 +73,20 @@ class Printer:
         self._devices = DeviceBoard()
         # Thousands of nodes: build the whole table per update only to redraw it.
         self._nodes = NodeBoard(blocks=self._screen is not None and self._screen.redraws)
-        self._lost = False
+        self._board: _Board | None = None  # the one whose picture is on the screen
+        self._lost_since: float | None = None  # when the stream was lost (None: it is not)
+        self._reason = ""  # why, as the last disconnected line said
+        self._closed = False
         self._sequence = since  # the last cycle (or update) shown, or asked to resume after
 
+    @property
+    def lost(self) -> bool:
+        """Whether the stream is lost (since a disconnect, until the next message)."""
+        return self._lost_since is not None
+
     def message(self, event: Message) -> None:
-        if self._lost:
-            self._lost = False
+        if self._lost_since is not None:
+            self._lost_since, self._reason = None, ""
             self._status(f"reconnected to {self._target}")
         if isinstance(event, Snapshot | ClusterSnapshot) and event.resync:
             self._status(f"resync: {self._resync_cause(event)}; showing its current state")
@@ -90,29 +111,58 @@ class Printer:
         self._error(f"{self._target}: {event.error}" + (f" ({hint})" if hint else ""))
 
     def disconnected(self, event: Disconnected) -> None:
-        self._lost = True
-        self._status(
-            f"disconnected from {self._target}: {event.error}; retrying in {event.retry_in:.2f}s",
-            style="yellow",
+        """A line when the stream is lost, and again only when the reason changes; on a
+        terminal the picture greyed under a heading saying so."""
+        if self._lost_since is None:
+            self._lost_since = event.received_at
+        reason = disconnect_reason(event)
+        if reason != self._reason:
+            self._reason = reason
+            self._status(
+                f"disconnected: {reason}; retrying in {_seconds(event.retry_in)}", style=LOST
+            )
+        self.refresh(event.received_at)
+
+    def refresh(self, now: float) -> None:
+        """While the stream is lost, redraw the picture as of ``now`` (the clock of the
+        events' ``received_at``): the time lost and the ages move on. Else nothing."""
+        screen, board, since = self._screen, self._board, self._lost_since
+        if self._closed or screen is None or not screen.redraws:
+            return
+        if board is None or since is None:
+            return
+        heading = flow(
+            [
+                (("DISCONNECTED", FAILED), (f" {age_text(max(0.0, now - since))}", FAILED)),
+                ((f"{self._reason}; retrying", LOST),),
+                (("below: the last state received", QUIET),),
+            ],
+            screen.width,
         )
+        screen.show(Frame(block=(*heading, *greyed(board.block_at(now, screen.width)))))
 
     def close(self) -> None:
+        self._closed = True
         if self._screen is not None:
             self._screen.close()
 
     def _frame(self, event: Message, width: int | None) -> Frame:
-        if isinstance(event, Snapshot):
-            return self._gpus.snapshot(event.snapshot, width)
-        if isinstance(event, Cycle):
-            return self._gpus.cycle(event.cycle, width)
-        if isinstance(event, Heartbeat):
-            return self._gpus.heartbeat(event.heartbeat, width)
-        if isinstance(event, ClusterSnapshot):
-            return self._nodes.snapshot(event.snapshot, event.received_at, width)
-        if isinstance(event, NodeUpdate):
-            return self._nodes.update(event.update, event.received_at, width)
-        if isinstance(event, ClusterHeartbeat):
-            return self._nodes.heartbeat(event.heartbeat, event.received_at, width)
+        at = event.received_at
+        if isinstance(event, Snapshot | Cycle | Heartbeat):
+            self._board = self._gpus
+            if isinstance(event, Snapshot):
+                return self._gpus.snapshot(event.snapshot, width, received_at=at)
+            if isinstance(event, Cycle):
+                return self._gpus.cycle(event.cycle, width, received_at=at)
+            return self._gpus.heartbeat(event.heartbeat, width, received_at=at)
+        if isinstance(event, ClusterSnapshot | NodeUpdate | ClusterHeartbeat):
+            self._board = self._nodes
+            if isinstance(event, ClusterSnapshot):
+                return self._nodes.snapshot(event.snapshot, at, width)
+            if isinstance(event, NodeUpdate):
+                return self._nodes.update(event.update, at, width)
+            return self._nodes.heartbeat(event.heartbeat, at, width)
+        self._board = self._devices
         return self._devices.devices(event.response, event.version.value, width)
 
     def _resync_cause(self, event: Snapshot | ClusterSnapshot) -> str:
@@ -144,6 +194,44 @@ class Printer:
     def _write(stream: TextIO, text: str) -> None:
         stream.write(text + "\n")
         stream.flush()
+
+
+def disconnect_reason(event: Disconnected) -> str:
+    """Why the stream was lost, in a few words (``connection refused``), from grpc's
+    status text (``UNAVAILABLE: failed to connect to all addresses; last error: ...``)."""
+    error = event.error
+    if event.code is None:  # the client gave up on a silent stream
+        return error.split(";")[0]
+    if event.code is grpc.StatusCode.OK or error.startswith("stream ended by"):
+        return error
+    text = error.lower()
+    for needles, reason in _REASONS:
+        if any(needle in text for needle in needles):
+            return reason
+    if event.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "timed out"
+    name, _, details = error.partition(": ")
+    details = details.split("; ")[0]
+    return cut(f"{name}: {details}" if details else name, 72)
+
+
+# grpc's words for why a connection failed (its core's and the OS's), and ours for them.
+_REASONS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("connection refused",), "connection refused"),
+    (("no such file or directory",), "no socket there"),
+    (("permission denied",), "permission denied"),
+    (("domain name not found", "dns resolution failed", "errors resolving"), "name not resolved"),
+    (("handshake", "ssl", "certificate"), "TLS handshake failed"),
+    (("connection reset",), "connection reset"),
+    (("network is unreachable",), "network unreachable"),
+    (("no route to host",), "no route to host"),
+    (("timed out", "timeout", "deadline exceeded"), "timed out"),
+    (("socket closed", "broken pipe", "connection aborted", "goaway"), "connection closed"),
+)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f}s" if value >= 0.1 else f"{value:.2f}s"
 
 
 def as_json(message: Any) -> str:

@@ -2,12 +2,15 @@
 
 Laid out by :mod:`capwatch.watch.layout`: owners (and, on very narrow
 terminals, reasons) are cut with an ellipsis, and with no width (a pipe or a
-file) every column is shown. Wall clock times are local and for humans only;
-ages are the agent's, at send time.
+file) every column is shown. REASON takes spare width before OWNERS, and a
+GPU's faults come first in it, so a cut never hides them. Wall clock times are
+local and for humans only; ages are the agent's, at send time, plus however
+long ago that message arrived.
 
 The boards keep what a screen shows: the latest full picture (redrawn in
-place on a terminal) and what changed since the last message (all that is
-printed elsewhere).
+place on a terminal), what changed since the last message (all that is
+printed elsewhere), and that picture again at a later time (``block_at``: its
+ages counted on, for a watch whose stream was lost).
 """
 
 from __future__ import annotations
@@ -43,12 +46,12 @@ GPU_COLUMNS = (
     Column(name="HEALTH", min=9, max=9, rank=6),
     Column(name="UUID", min=13, max=16, rank=4, grow=3),
     Column(name="OUTCOME", min=8, max=8),
-    Column(name="REASON", min=32, max=56, grow=2, floor=12),
-    Column(name="OWNERS", min=16, max=48, grow=1, floor=8),
+    Column(name="REASON", min=32, max=56, grow=1, floor=12),
+    Column(name="OWNERS", min=16, max=48, grow=2, floor=8),
     Column(name="REQ W", min=5, max=6, rank=3, grow=4),
     Column(name="RES W", min=5, max=6, rank=5, grow=5),
     Column(name="APPLIED", min=11, max=11, rank=1),
-    Column(name="SOURCE", min=21, max=21, rank=2),
+    Column(name="SOURCE", min=21, max=48, rank=2, grow=6),
     Column(name="POWER", min=7, max=7, rank=3),
 )
 DRA_COLUMNS = (
@@ -68,7 +71,10 @@ _OUTCOME_STYLE = {"enforced": GOOD, "failed": FAILED, "idle": QUIET, "released":
 # --- capwatch.v1 --------------------------------------------------------------------
 
 
-def cycle_heading(cycle: pb.CycleReport, width: int | None) -> list[Line]:
+def cycle_heading(
+    cycle: pb.CycleReport, width: int | None, *, elapsed_s: float = 0.0
+) -> list[Line]:
+    """``elapsed_s``: how long ago the cycle arrived (its ages count on by that much)."""
     millis = cycle.duration.ToTimedelta().total_seconds() * 1000
     parts: list[Line] = [
         ((f"cycle {cycle.sequence}", HEADER), (f"  {_clock(cycle.finished)}", "")),
@@ -79,7 +85,7 @@ def cycle_heading(cycle: pb.CycleReport, width: int | None) -> list[Line]:
         parts.append(((f"aborted: {abort}", FAILED),))
     if cycle.interrupted:
         parts.append((("(interrupted by shutdown)", "yellow"),))
-    parts.append(readiness_segments(cycle.readiness))
+    parts.append(readiness_segments(cycle.readiness, elapsed_s=elapsed_s))
     lines = flow(parts, width)
     for failure in cycle.failures:
         lines += wrapped(failure.message, width, first="  ! ", then="    ", style=FAILED)
@@ -94,7 +100,9 @@ def cycle_summary(cycle: pb.CycleReport) -> Line:
     return line
 
 
-def snapshot_heading(snapshot: pb.NodeSnapshot, width: int | None) -> list[Line]:
+def snapshot_heading(
+    snapshot: pb.NodeSnapshot, width: int | None, *, elapsed_s: float = 0.0
+) -> list[Line]:
     interval = snapshot.interval.ToTimedelta().total_seconds()
     parts: list[Line] = [
         ((f"snapshot{' (resync)' if snapshot.resync else ''}", HEADER),),
@@ -102,21 +110,25 @@ def snapshot_heading(snapshot: pb.NodeSnapshot, width: int | None) -> list[Line]
         ((f"agent {snapshot.agent_instance_id[:8]}", ""),),
         ((f"cycle {snapshot.sequence}", ""),),
         ((f"every {interval:g}s", ""),),
-        readiness_segments(snapshot.readiness),
+        readiness_segments(snapshot.readiness, elapsed_s=elapsed_s),
     ]
     return flow(parts, width)
 
 
-def heartbeat_lines(heartbeat: pb.Heartbeat, width: int | None) -> list[Line]:
+def heartbeat_lines(
+    heartbeat: pb.Heartbeat, width: int | None, *, elapsed_s: float = 0.0
+) -> list[Line]:
     parts: list[Line] = [
         (("heartbeat", HEADER), (f"  {_clock(heartbeat.time)}", "")),
         ((f"cycle {heartbeat.last_sequence}", ""),),
-        readiness_segments(heartbeat.readiness),
+        readiness_segments(heartbeat.readiness, elapsed_s=elapsed_s),
     ]
     return flow(parts, width)
 
 
-def readiness_segments(readiness: pb.Readiness) -> Line:
+def readiness_segments(readiness: pb.Readiness, *, elapsed_s: float = 0.0) -> Line:
+    """The verdict and the last good cycle's age: as sent, plus ``elapsed_s`` (how long
+    ago the message carrying it arrived)."""
     if readiness.ready:
         verdict: Segment = ("ready", GOOD)
     else:
@@ -125,7 +137,7 @@ def readiness_segments(readiness: pb.Readiness) -> Line:
         detail = f" ({readiness.detail})" if readiness.detail else ""
         verdict = (f"NOT READY: {reason}{detail}", FAILED)
     if readiness.HasField("last_good_cycle_age"):
-        age = readiness.last_good_cycle_age.ToTimedelta().total_seconds()
+        age = readiness.last_good_cycle_age.ToTimedelta().total_seconds() + max(0.0, elapsed_s)
         return (verdict, (f", last good cycle {age:.1f}s ago", ""))
     return (verdict, (", no good cycle yet", ""))
 
@@ -145,11 +157,14 @@ def gpu_cells(device: pb.DeviceStatus) -> tuple[str, ...]:
     source = _enum(pb.CapSource, device.cap_source, "CAP_SOURCE_")
     if device.safe_default_cause != pb.SAFE_DEFAULT_CAUSE_UNSPECIFIED:
         source += "/" + _enum(pb.SafeDefaultCause, device.safe_default_cause, "SAFE_DEFAULT_CAUSE_")
+    if device.claims:  # the DRA claims that decided: docs/claims.md
+        source += " " + ",".join(f"{c.namespace}/{c.name}" for c in device.claims)
     reason = device.reason or "-"
     if device.error_class:
         reason += f":{device.error_class}"
-    if device.faults:  # in REASON, shown at every width: a faulted GPU may read "ok"
-        reason += "; fault: " + ", ".join(f.summary for f in device.faults)
+    if device.faults:  # in REASON, shown at every width and first (a cut keeps them): a
+        # faulted GPU may read "ok", and a lost one's reason is long
+        reason = "fault: " + ", ".join(f.summary for f in device.faults) + "; " + reason
     return (
         str(device.index),
         _enum(pb.DeviceHealth, device.health, "DEVICE_HEALTH_"),
@@ -218,52 +233,83 @@ class Frame:
 
 
 class GpuBoard:
-    """The per-GPU picture of one agent, from a snapshot and the messages after it."""
+    """The per-GPU picture of one agent, from a snapshot and the messages after it.
+
+    Each message's ``received_at`` is the client's monotonic clock when it arrived
+    (:mod:`client.stream_events`): :meth:`block_at` ages the picture from it."""
 
     def __init__(self) -> None:
         self._devices: dict[int, pb.DeviceStatus] = {}
+        # What the heading shows (the latest snapshot or cycle) and when it arrived.
+        self._shown: pb.NodeSnapshot | pb.CycleReport | None = None
+        self._shown_at = 0.0
         self._heading: list[Line] = []
         self._verdict: tuple[object, ...] | None = None
         self._readiness: tuple[bool, int] | None = None
+        self._beat: pb.Heartbeat | None = None  # the heartbeat line under the table
+        self._beat_at = 0.0
         self._status: list[Line] = []
 
-    def snapshot(self, snapshot: pb.NodeSnapshot, width: int | None) -> Frame:
+    def snapshot(
+        self, snapshot: pb.NodeSnapshot, width: int | None, *, received_at: float = 0.0
+    ) -> Frame:
         self._devices = {d.index: d for d in snapshot.devices}
+        self._shown, self._shown_at = snapshot, received_at
         self._heading = snapshot_heading(snapshot, width)
         self._readiness = _readiness_key(snapshot.readiness)
         if snapshot.HasField("last_cycle"):
             self._verdict = _verdict_key(snapshot.last_cycle, snapshot.readiness)
-        self._status = []
+        self._beat, self._status = None, []
         block = self._block(width)
         return Frame(block=block, changes=(*block, ()))
 
-    def cycle(self, cycle: pb.CycleReport, width: int | None) -> Frame:
+    def cycle(self, cycle: pb.CycleReport, width: int | None, *, received_at: float = 0.0) -> Frame:
         changed = [
             d
             for d in cycle.devices
             if d.index not in self._devices or gpu_cells(self._devices[d.index]) != gpu_cells(d)
         ]
         self._devices.update((d.index, d) for d in cycle.devices)
+        self._shown, self._shown_at = cycle, received_at
         self._heading = cycle_heading(cycle, width)
         self._readiness = _readiness_key(cycle.readiness)
         verdict = _verdict_key(cycle, cycle.readiness)
         moved, self._verdict = verdict != self._verdict, verdict
-        self._status = []
+        self._beat, self._status = None, []
         changes: list[Line] = []
         if changed or moved:
             changes = [*self._heading, *(gpu_table(changed, width) if changed else ()), ()]
         notes = (cycle_summary(cycle),) if moved else ()
         return Frame(block=self._block(width), changes=tuple(changes), notes=notes)
 
-    def heartbeat(self, heartbeat: pb.Heartbeat, width: int | None) -> Frame:
+    def heartbeat(
+        self, heartbeat: pb.Heartbeat, width: int | None, *, received_at: float = 0.0
+    ) -> Frame:
         key = _readiness_key(heartbeat.readiness)
         moved, self._readiness = key != self._readiness, key
+        self._beat, self._beat_at = heartbeat, received_at
         self._status = heartbeat_lines(heartbeat, width)
         return Frame(block=self._block(width), changes=tuple(self._status) if moved else ())
 
+    def block_at(self, now: float, width: int | None) -> tuple[Line, ...]:
+        """The picture as of ``now`` (the clock of ``received_at``): what was last
+        received, its ages counted on since it arrived."""
+        if isinstance(self._shown, pb.NodeSnapshot):
+            heading = snapshot_heading(self._shown, width, elapsed_s=now - self._shown_at)
+        elif isinstance(self._shown, pb.CycleReport):
+            heading = cycle_heading(self._shown, width, elapsed_s=now - self._shown_at)
+        else:
+            heading = []
+        status: list[Line] = []
+        if self._beat is not None:
+            status = heartbeat_lines(self._beat, width, elapsed_s=now - self._beat_at)
+        return (*heading, *self._table(width), *status)
+
     def _block(self, width: int | None) -> tuple[Line, ...]:
-        devices = [self._devices[i] for i in sorted(self._devices)]
-        return (*self._heading, *gpu_table(devices, width), *self._status)
+        return (*self._heading, *self._table(width), *self._status)
+
+    def _table(self, width: int | None) -> list[Line]:
+        return gpu_table([self._devices[i] for i in sorted(self._devices)], width)
 
 
 class DeviceBoard:
@@ -271,6 +317,7 @@ class DeviceBoard:
 
     def __init__(self) -> None:
         self._seen: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._last: tuple[DraResponse, str] | None = None
 
     def devices(self, response: DraResponse, version: str, width: int | None) -> Frame:
         rows = {(d.device.pool_name, d.device.device_name): dra_row(d) for d in response.devices}
@@ -278,12 +325,18 @@ class DeviceBoard:
         now = {key: cells[:3] + cells[4:] for key, (cells, _) in rows.items()}
         changed = [rows[key] for key, cells in now.items() if self._seen.get(key) != cells]
         first, self._seen = not self._seen, now
+        self._last = (response, version)
         block = tuple(dra_lines(response, version, width))
         if first:
             return Frame(block=block, changes=(*block, ()))
         if not changed:
             return Frame(block=block)
         return Frame(block=block, changes=(*block[:1], *table(DRA_COLUMNS, changed, width), ()))
+
+    def block_at(self, now: float, width: int | None) -> tuple[Line, ...]:
+        """The last list received (it has no ages: UPDATED is a clock time)."""
+        del now
+        return () if self._last is None else tuple(dra_lines(*self._last, width))
 
 
 def _verdict_key(cycle: pb.CycleReport, readiness: pb.Readiness) -> tuple[object, ...]:

@@ -12,6 +12,17 @@ stuck subscriber blocks only its own stream.
 gRPC health reports SERVING for ``""`` and the service while the controller
 is ready (its discovery in sync), so a native gRPC probe can stand in for the
 HTTP one.
+
+What a client may ask is bounded as on the agent's server, by the same code:
+every method is behind the interceptor that answers a request whose bytes do
+not parse with INVALID_ARGUMENT and one throttled log line
+(:mod:`server.malformed`); a requested heartbeat is read as range-checked
+seconds, never through ``ToTimedelta()`` (:func:`api.limits.requested_heartbeat`);
+and stream slots are claimed by the agent's rules (:mod:`server.admission`):
+:data:`MAX_SUBSCRIBERS` Watch streams in all, at most
+:data:`MAX_STREAMS_PER_PEER` of them from one client address, so no single
+client can take every slot and lock the dashboards out. A refusal is
+RESOURCE_EXHAUSTED naming the limit, and a throttled line.
 """
 
 from __future__ import annotations
@@ -27,27 +38,44 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from api.durations import DurationError
 from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
+from api.limits import requested_heartbeat
 from controller.cluster.state import PAGE_SIZE, ClusterView
 from kit.broadcast import Signal
+from kit.throttling import ThrottledLog
+from server.admission import Admission, Refusal, StreamLimits, peer_address
 from server.listeners import OPTIONS, ServeError, address_in_use
+from server.malformed import MalformedRequests
 
 log = logging.getLogger(__name__)
 
 SERVICE = cpb.DESCRIPTOR.services_by_name["ClusterHealthService"].full_name
 DEFAULT_HEARTBEAT_S = 10.0
 MAX_SUBSCRIBERS = 1000
+MAX_STREAMS_PER_PEER = 100  # a tenth: locking everyone out takes ten client addresses
 MAX_PAGE_SIZE = 5000
 HEALTH_POLL_S = 1.0
 
 
 class ClusterHealthServicer:
-    def __init__(self, view: ClusterView, *, max_subscribers: int = MAX_SUBSCRIBERS) -> None:
+    def __init__(
+        self,
+        view: ClusterView,
+        *,
+        max_subscribers: int = MAX_SUBSCRIBERS,
+        max_per_peer: int | None = MAX_STREAMS_PER_PEER,
+    ) -> None:
         self._view = view
-        self._max = max_subscribers
-        self.subscribers = 0
+        self.admission = Admission(
+            StreamLimits(max_subscribers=max_subscribers, max_per_peer=max_per_peer)
+        )
         self.stopping = asyncio.Event()
+        self._refusal_log = ThrottledLog(log)
+
+    @property
+    def subscribers(self) -> int:
+        return self.admission.subscribers
 
     async def GetClusterSnapshot(
         self, request: cpb.GetClusterSnapshotRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -74,27 +102,28 @@ class ClusterHealthServicer:
         request: cpb.ClusterHealthServiceWatchRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[bytes]:
-        heartbeat_s = DEFAULT_HEARTBEAT_S
-        if request.heartbeat_interval.seconds or request.heartbeat_interval.nanos:
-            heartbeat_s = request.heartbeat_interval.ToTimedelta().total_seconds()
-            if not MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"heartbeat_interval must be between {MIN_HEARTBEAT_S:g}s and "
-                    f"{MAX_HEARTBEAT_S:g}s",
-                )
+        try:
+            requested = requested_heartbeat(request.heartbeat_interval)
+        except DurationError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        heartbeat_s = DEFAULT_HEARTBEAT_S if requested is None else requested
         if self.stopping.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "controller is shutting down")
-        if self.subscribers >= self._max:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"subscriber limit ({self._max}) reached"
+        peer = context.peer()
+        slot = self.admission.claim(peer_address(peer))
+        if isinstance(slot, Refusal):
+            self._refusal_log.warning(
+                "cluster stream refused peer=%s reason=%s: %s",
+                peer,
+                slot.reason.value,
+                slot.message,
             )
-        self.subscribers += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, slot.message)
         try:
             async for message in self._stream(request, heartbeat_s):
                 yield message
         finally:
-            self.subscribers -= 1
+            self.admission.release(slot)
 
     async def _stream(
         self, request: cpb.ClusterHealthServiceWatchRequest, heartbeat_s: float
@@ -155,12 +184,23 @@ def add_to_server(servicer: ClusterHealthServicer, server: grpc.aio.Server) -> N
 class ClusterServer:
     """The cluster stream's gRPC server; ``ready`` decides what gRPC health says."""
 
-    def __init__(self, *, view: ClusterView, listen: str, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        *,
+        view: ClusterView,
+        listen: str,
+        ready: Callable[[], bool],
+        max_subscribers: int = MAX_SUBSCRIBERS,
+        max_per_peer: int | None = MAX_STREAMS_PER_PEER,
+    ) -> None:
         self._view = view
         self._listen = listen
         self._ready = ready
-        self._server = grpc.aio.server(options=OPTIONS)
-        self.servicer = ClusterHealthServicer(view)
+        self._malformed = MalformedRequests()
+        self._server = grpc.aio.server(interceptors=(self._malformed,), options=OPTIONS)
+        self.servicer = ClusterHealthServicer(
+            view, max_subscribers=max_subscribers, max_per_peer=max_per_peer
+        )
         self._health = HealthServicer()
         self._health_task: asyncio.Task[None] | None = None
         self.address = ""
@@ -178,6 +218,10 @@ class ClusterServer:
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
         return [] if self._health_task is None else [self._health_task]
+
+    def malformed_requests(self) -> int:
+        """Requests refused because their bytes did not parse."""
+        return self._malformed.count
 
     async def start(self) -> None:
         """Bind and serve. Raises ServeError when the address cannot be bound."""

@@ -12,7 +12,8 @@ Event: nothing changed.
 
 Events are best effort: a refused or failed post is logged and counted, not
 retried; the condition is the record. Only the leader posts, under the same
-fence as its condition writes.
+fence as its condition writes (an Event not sent because the fence's deadline
+passed before its thread got to it is counted ``expired``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from enum import Enum
 from typing import Protocol
 
 from controller.conditions import Condition, ConditionStatus, NodeCondition
-from controller.errors import ApiError, FencedOut
+from controller.errors import ApiError, DeadlinePassed, FencedOut
 from controller.leasing import Fence
 from kit.clock import Clock
 
@@ -48,8 +49,9 @@ class NodeEvent:
 
 
 class EventApi(Protocol):
-    async def create_event(self, event: NodeEvent, *, deadline_s: float) -> None:
-        """Post ``event`` on its Node, giving up after ``deadline_s``. Raises ApiError."""
+    async def create_event(self, event: NodeEvent, *, deadline: float) -> None:
+        """Post ``event`` on its Node; not sent, nor waited for, after ``deadline`` (an
+        instant on the fence's monotonic clock). Raises DeadlinePassed, ApiError."""
 
 
 class EventObserver(Protocol):
@@ -92,8 +94,8 @@ class EventRecorder:
         if last is not None and now - last < self._window_s:
             self._observer.event(result="deduplicated")
             return
-        budget = self._fence.write_budget()
-        if budget <= 0:
+        closes = self._fence.write_deadline()
+        if closes <= now:
             self._observer.event(result="fenced")
             return
         event = NodeEvent(
@@ -104,7 +106,10 @@ class EventRecorder:
             wall=self._clock.wall(),
         )
         try:
-            await self._api.create_event(event, deadline_s=min(REQUEST_TIMEOUT_S, budget))
+            await self._api.create_event(event, deadline=min(closes, now + REQUEST_TIMEOUT_S))
+        except DeadlinePassed:
+            self._observer.event(result="expired")
+            return
         except FencedOut as exc:
             self._observer.event(result="refused")
             self._fence.lost(str(exc))

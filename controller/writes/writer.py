@@ -21,13 +21,22 @@ flight is written again after it, never beside it) served by a few workers;
 a change goes ahead of every heartbeat waiting (a round of thousands of
 heartbeats must not delay the news of a failure); a failed write is retried
 after the node's own backoff (the one backoff, full jitter, 0.5 s doubling to
-60 s, and the server's Retry-After as a floor) for as long as it fails, a
-node that no longer exists is dropped.
+60 s, and the server's Retry-After as a floor, itself capped at those 60 s: a
+server asking for an hour, or for ever, cannot freeze a node's condition) for
+as long as it fails; a node that no longer exists is dropped. A pending retry
+never delays a newer state: a node whose status or reason changes while its
+retry waits is written at once (its backoff carries on from where it was, so a
+server that keeps refusing still sees the node back off); a message-only change
+or a heartbeat waits for the retry, which writes the latest state.
 
 Fencing: no write starts unless the :class:`Fence` says this replica leads
-and renewed its lease within the renew deadline, and its request may take no
-longer than what is left of that deadline. While it may not write, nodes
-that need writing are held, and queued again when it may.
+and renewed its lease within the renew deadline, and its request carries the
+instant that deadline runs out (at most :data:`REQUEST_TIMEOUT_S` from now):
+the API client does not send it after that instant, however late its thread
+gets to it, and waits for it no longer (:mod:`controller.kube`). While it may
+not write, nodes that need writing are held, and queued again when it may; a
+write not sent because its deadline had passed is as if the fence had been
+closed: not retried as a failure, but read against the fence again.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from controller.conditions import AgentLink, Condition, NodeCondition
-from controller.errors import ApiError, FencedOut, NotFound
+from controller.errors import ApiError, DeadlinePassed, FencedOut, NotFound
 from controller.leasing import Fence
 from controller.tracking import NodeState
 from controller.writes.recorder import EventRecorder
@@ -60,10 +69,11 @@ RETRY_BACKOFF = Backoff(initial_s=RETRY_INITIAL_S, max_s=RETRY_MAX_S)
 
 class ConditionApi(Protocol):
     async def patch_condition(
-        self, node: str, condition: NodeCondition, *, deadline_s: float
+        self, node: str, condition: NodeCondition, *, deadline: float
     ) -> None:
-        """Merge ``condition`` into the Node's status, giving up after ``deadline_s``.
-        Raises NotFound, ApiError."""
+        """Merge ``condition`` into the Node's status; not sent, nor waited for, after
+        ``deadline`` (an instant on the fence's monotonic clock). Raises NotFound,
+        DeadlinePassed (not sent), ApiError."""
 
 
 class WriteObserver(Protocol):
@@ -104,6 +114,8 @@ class ConditionWriter:
             rate_limiter=ItemBackoff(RETRY_BACKOFF, rng=rng or random.Random())
         )
         self._held: set[str] = set()
+        # Nodes whose retry is pending: the (status, reason) of the write that failed.
+        self._retrying: dict[str, tuple[str, str]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.writes_in_flight = 0
 
@@ -130,6 +142,7 @@ class ConditionWriter:
 
     def node_removed(self, node: str) -> None:
         self._desired.pop(node, None)
+        self._retrying.pop(node, None)
         self._queue.forget(node)
 
     def observed(self, node: str, condition: NodeCondition | None) -> None:
@@ -190,7 +203,11 @@ class ConditionWriter:
 
     def _enqueue(self, node: str, *, heartbeat: bool = False) -> None:
         if self._queue.waiting(node):
-            return  # a retry is due: it writes the latest state then, not sooner
+            failed, state = self._retrying.get(node), self._desired.get(node)
+            if heartbeat or state is None or failed == _key(state.condition):
+                return  # nothing newer than what failed: the retry writes it when due
+            # A newer status or reason: written now, not after the retry's wait.
+            self._queue.cancel_wait(node)
         self._queue.add(node, priority=_HEARTBEAT if heartbeat else _CHANGE)
 
     async def _heartbeats(self) -> None:
@@ -222,11 +239,15 @@ class ConditionWriter:
         changed = self._needs_write(node)
         if not changed and not self._heartbeat_due(node, now_wall):
             return  # written meanwhile (by an earlier queue entry, or seen on the watch)
-        budget = self._fence.write_budget()
-        if budget <= 0:
+        # The fence and the instant it closes are read together, here on the loop: a
+        # pause from now on cannot move the deadline the request is sent under.
+        closes = self._fence.write_deadline()
+        now = self._clock.monotonic()
+        if closes <= now:
             self._held.add(node)
             self._observer.written(result="fenced", latency_s=None)
             return
+        deadline = min(closes, now + REQUEST_TIMEOUT_S)
         previous = self._written.get(node)
         condition = state.condition
         payload = NodeCondition(
@@ -240,9 +261,14 @@ class ConditionWriter:
         )
         self.writes_in_flight += 1
         try:
-            await self._api.patch_condition(
-                node, payload, deadline_s=min(REQUEST_TIMEOUT_S, budget)
-            )
+            await self._api.patch_condition(node, payload, deadline=deadline)
+        except DeadlinePassed:
+            # Never sent: its thread got to it too late (a paused process, a busy API
+            # client). Not a failure to back off from: read against the fence again, and
+            # held if it is closed now.
+            self._observer.written(result="expired", latency_s=None)
+            self._queue.add(node)
+            return
         except FencedOut as exc:
             # Not ours to write: the Lease is someone else's. Held like a fenced write,
             # written again once this replica leads (resume()).
@@ -258,11 +284,12 @@ class ConditionWriter:
         except ApiError as exc:
             log.warning("condition write failed node=%s status=%s error=%s", node, exc.status, exc)
             self._observer.written(result="failed", latency_s=None)
-            self._retry_later(node, exc.retry_after)
+            self._retry_later(node, exc.retry_after, failed=_key(condition))
             return
         finally:
             self.writes_in_flight -= 1
         self._queue.forget(node)
+        self._retrying.pop(node, None)
         self._written[node] = payload
         latency = None
         if changed and state.cycle_end_at is not None:
@@ -274,9 +301,18 @@ class ConditionWriter:
         if self._needs_write(node):
             self._enqueue(node)
 
-    def _retry_later(self, node: str, retry_after: float | None) -> None:
-        # For ever, at most RETRY_MAX_S apart: a node refused for days (a 403 until
-        # its RBAC is fixed) is written within a minute of the fix.
+    def _retry_later(
+        self, node: str, retry_after: float | None, *, failed: tuple[str, str] | None = None
+    ) -> None:
+        """Retry ``node`` after its backoff; ``failed``: the (status, reason) whose write
+        failed (None: the node's desired state)."""
+        # For ever, at most RETRY_MAX_S apart whatever Retry-After says (the backoff caps
+        # it): a node refused for days (a 403 until its RBAC is fixed) is written within a
+        # minute of the fix.
+        state = self._desired.get(node)
+        if state is None:
+            return
+        self._retrying[node] = failed or _key(state.condition)
         self._queue.add_rate_limited(node, floor_s=retry_after)
 
 

@@ -27,7 +27,7 @@ from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
 from kit.readiness import ReadinessReason
-from server.grpc.mapping import NOT_REPORTED
+from server.grpc.mapping import NOT_REPORTED, dra_device_name, dra_pool_name
 from server.grpc.nodes import NodeDirectory, metadata_node
 from server.grpc.publication import Publication, View
 
@@ -85,11 +85,12 @@ class _DraServicer:
         devices = []
         for state in sorted(view.state.devices.values(), key=lambda s: s.index):
             health, message = device_message(state, view)
+            name = dra_device_name(state.result, state.index, state.uuid, pub.namer)
             devices.append(
                 pb.DeviceHealth(
                     device=pb.DeviceIdentifier(
-                        pool_name=pub.pool_name,
-                        device_name=pub.namer(state.index, state.uuid),
+                        pool_name=dra_pool_name(state.result, pub.pool_name),
+                        device_name=name,
                     ),
                     health=_HEALTH[health],
                     last_updated_time=int(state.last_update_wall),

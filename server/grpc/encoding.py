@@ -32,6 +32,7 @@ from server.grpc.mapping import (
     DeviceNamer,
     Include,
     cycle_devices,
+    dra_device_name,
     duration_parts,
     settled,
     timestamp,
@@ -218,7 +219,7 @@ def encode_cycle(
 
 class _Settled:
     """A GPU's settled fields (1-16) encoded, and apart from them its process
-    count (18) and its faults and telemetry (20, 21).
+    count (18) and its faults, telemetry, claims and DRA pool (20 to 23).
 
     Those come after the last update time (17) and the sequence (19), which
     change every cycle, so they are kept apart to keep the fields in number order.
@@ -245,15 +246,17 @@ def _settled_bytes(
     result: GpuResult, namer: DeviceNamer, health: DeviceHealth, last_transition_wall: float
 ) -> _Settled:
     message = pb.DeviceStatus()
-    name = namer(result.index, result.uuid)
+    name = dra_device_name(result, result.index, result.uuid, namer)
     message.CopyFrom(settled(result, name, health, last_transition_wall))
     message.ClearField("process_count")
-    # Fields 20 and 21 alone serialize to exactly their bytes in the whole message.
-    trailer = pb.DeviceStatus(faults=message.faults)
+    # Fields 20 to 23 alone serialize to exactly their bytes in the whole message.
+    trailer = pb.DeviceStatus(
+        faults=message.faults, claims=message.claims, dra_pool_name=message.dra_pool_name
+    )
     if message.HasField("telemetry"):
         trailer.telemetry.CopyFrom(message.telemetry)
-    message.ClearField("faults")
-    message.ClearField("telemetry")
+    for later in ("faults", "telemetry", "claims", "dra_pool_name"):
+        message.ClearField(later)
     return _Settled(
         message.SerializeToString(),
         unsigned(_DEVICE_PROCESS_COUNT, result.process_count),

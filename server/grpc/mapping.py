@@ -73,6 +73,7 @@ CAP_SOURCE: Mapping[CapSource | None, pb.CapSource.ValueType] = {
     CapSource.ANNOTATION: pb.CAP_SOURCE_ANNOTATION,
     CapSource.AGREED: pb.CAP_SOURCE_AGREED,
     CapSource.SAFE_DEFAULT: pb.CAP_SOURCE_SAFE_DEFAULT,
+    CapSource.CLAIM: pb.CAP_SOURCE_CLAIM,
 }
 SAFE_DEFAULT_CAUSE: Mapping[SafeDefaultCause | None, pb.SafeDefaultCause.ValueType] = {
     None: pb.SAFE_DEFAULT_CAUSE_UNSPECIFIED,
@@ -180,7 +181,29 @@ def settled(
     message.faults.extend(fault(f) for f in result.faults)
     if result.readings is not None:
         message.telemetry.CopyFrom(telemetry(result.readings))
+    message.claims.extend(
+        pb.ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in result.claims
+    )
+    if result.dra_device is not None:
+        message.dra_pool_name = result.dra_device.pool
     return message
+
+
+def dra_device_name(
+    result: GpuResult | None, index: int, uuid: str | None, namer: DeviceNamer
+) -> str:
+    """The name the DRA mirrors give the GPU: its driver's, from the ResourceSlice that
+    names it, else the ``--dra-device-name`` template's."""
+    if result is not None and result.dra_device is not None:
+        return result.dra_device.device
+    return namer(index, uuid)
+
+
+def dra_pool_name(result: GpuResult | None, default: str) -> str:
+    """The pool the DRA mirrors name the GPU in: its driver's, else ``default``."""
+    if result is not None and result.dra_device is not None:
+        return result.dra_device.pool
+    return default
 
 
 def fault(value: Fault) -> pb.DeviceFault:
@@ -243,7 +266,7 @@ def device_state(
         )
     return gpu_result(
         state.result,
-        dra_device_name=namer(state.index, state.uuid),
+        dra_device_name=dra_device_name(state.result, state.index, state.uuid, namer),
         health=device_health(state, latest=latest, readiness=ready),
         sequence=state.sequence,
         last_update_wall=state.last_update_wall,
@@ -315,7 +338,8 @@ def cycle(
         report, devices=devices, ready=ready, include=include
     ):
         device = message.devices.add()
-        device.CopyFrom(settled(result, namer(result.index, result.uuid), health, transition))
+        name = dra_device_name(result, result.index, result.uuid, namer)
+        device.CopyFrom(settled(result, name, health, transition))
         device.sequence = report.sequence
         device.last_update_time.CopyFrom(finished)
     return message

@@ -18,8 +18,9 @@ from typing import Any
 
 import grpc
 
+from api.durations import DurationError
 from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.limits import MAX_FILTER_UUIDS, MAX_HEARTBEAT_S, MAX_UUID_LENGTH, MIN_HEARTBEAT_S
+from api.limits import MAX_FILTER_UUIDS, MAX_UUID_LENGTH, requested_heartbeat
 from kit.broadcast import Signal
 from server.grpc.cycle_feed import SharedCycle
 from server.grpc.mapping import Include
@@ -110,20 +111,11 @@ class NodeHealthServicer:
 async def _heartbeat_period(
     request: pb.WatchRequest, pub: Publication, context: grpc.aio.ServicerContext[object, object]
 ) -> float:
-    requested = request.heartbeat_interval
-    # Zero, sent or not, means the agent's default (the proto says so; a JSON
-    # client sending "0s" sets the field).
-    if not (requested.seconds or requested.nanos):
-        return DEFAULT_HEARTBEAT_FACTOR * pub.interval_s
-    # Not ToTimedelta(): the wire allows any int64 of seconds, more than a
-    # timedelta holds (OverflowError).
-    heartbeat_s = requested.seconds + requested.nanos / 1e9
-    if not MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S:
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"heartbeat_interval must be between {MIN_HEARTBEAT_S:g}s and {MAX_HEARTBEAT_S:g}s",
-        )
-    return heartbeat_s
+    try:
+        heartbeat_s = requested_heartbeat(request.heartbeat_interval)
+    except DurationError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    return DEFAULT_HEARTBEAT_FACTOR * pub.interval_s if heartbeat_s is None else heartbeat_s
 
 
 def _opening(

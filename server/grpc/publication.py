@@ -2,7 +2,7 @@
 
 The servicers (capwatch.v1, the DRA mirrors, grpc health) read the hub through
 a :class:`Publication`, which also admits subscribers so the limits hold across
-all streaming services together (the rules: :mod:`server.grpc.admission`).
+all streaming services together (the rules: :mod:`server.admission`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from api.gen.capwatch.v1 import node_health_pb2 as pb
 from kit.clock import Clock
 from kit.readiness import Readiness
 from kit.throttling import ThrottledLog
-from server.grpc.admission import Admission, Refusal, Slot, StreamLimits, peer_address
+from server.admission import Admission, Refusal, Slot, StreamLimits, peer_address
 from server.grpc.mapping import DeviceNamer, Include
 from server.grpc.mapping import snapshot as snapshot_message
 

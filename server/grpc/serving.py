@@ -2,7 +2,8 @@
 
 Services: capwatch.v1.NodeHealthService, the DRA resource-health mirrors
 (v1alpha1 and v1), grpc.health.v1 and server reflection; every method behind
-the interceptor that refuses malformed requests (server/grpc/malformed.py).
+the interceptor that refuses malformed requests (server/malformed.py, shared with
+the controller's cluster stream).
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from server.certificates import CertificateError, ReloadingCertificates, Reloads
 from server.grpc import node_health
 from server.grpc.dra import DraV1alpha1Servicer, DraV1Servicer
 from server.grpc.health import SERVICES, ListingHealthServicer, track_readiness
-from server.grpc.malformed import MalformedRequests
 from server.grpc.node_health import NodeHealthServicer
 from server.grpc.nodes import NodeDirectory, OneNode
 from server.grpc.publication import Publication
 from server.listeners import OPTIONS, ServeError, address_in_use
+from server.malformed import MalformedRequests
 from server.settings import Listener, ServerSettings
 
 log = logging.getLogger(__name__)

@@ -82,8 +82,10 @@ class RegistryServer:
         port: int,
         max_connections: int = MAX_CONNECTIONS,
         head_timeout_s: float = HEAD_TIMEOUT_S,
+        flag: str = "--metrics-port",  # what a port that cannot be bound is blamed on
     ) -> None:
         self.registry = registry
+        self._flag = flag
         self._address = address
         self._port = port  # 0: any free port (tests); the command line maps 0 to "off"
         self.http = PathServer(
@@ -114,8 +116,10 @@ class RegistryServer:
             sock = await asyncio.to_thread(_listening_socket, self._address, self._port)
         except OSError as exc:
             shown = f"[{self._address}]" if ":" in self._address else self._address
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise ServeError(f"cannot serve metrics on {shown}:{self._port}: {reason}") from exc
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            raise ServeError(
+                f"{self._flag}: cannot serve metrics on {shown}:{self._port}: {reason}"
+            ) from exc
         await self.http.start(sock=sock)
         log.info("metrics serving address=%s path=%s", self.address, PATH)
 

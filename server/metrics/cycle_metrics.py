@@ -20,9 +20,12 @@ Semantics a dashboard needs to know:
   limit is in force). A failed step keeps the last value: a failed write
   changes nothing we know of.
 - The cap gauges name the step's owner pod (``namespace``, ``pod``) when it
-  has exactly one, else both are empty. A GPU has one series per gauge at any
-  time: a new owner replaces the labels, so the old series is gone from the
-  next scrape and the count stays at one per GPU however many pods pass.
+  has exactly one, else both are empty, and where the cap in force came from
+  (``source``: annotation, agreed, claim, safe_default; empty while capwatch
+  holds none) with the claims that asked it (``claim``: namespace/name, by
+  commas). A GPU has one series per gauge at any time: new labels replace the
+  old, so the old series is gone from the next scrape and the count stays at
+  one per GPU however many pods and claims pass.
 - A cycle counts as ``enforced`` exactly when the readiness rule says so;
   ``aborted`` when it stopped before reaching the GPUs; ``failed`` otherwise.
 """
@@ -107,6 +110,9 @@ class GpuCaps:
     applied_watts: int | None = None
     # The step's one owner pod; None with no owner or several (empty labels).
     owner: PodRef | None = None
+    # Where the cap came from, and the claims that asked it (namespace/name, by commas).
+    source: CapSource | None = None
+    claims: str = ""
 
 
 def sole_owner(result: GpuResult) -> PodRef | None:
@@ -123,6 +129,8 @@ def next_caps(previous: GpuCaps | None, result: GpuResult) -> GpuCaps:
             resolved_watts=result.resolved_watts,
             applied_watts=result.applied_watts,
             owner=owner,
+            source=result.cap_source,
+            claims=",".join(str(claim) for claim in result.claims),
         )
     if result.outcome is not Outcome.FAILED:  # idle or released: no capwatch cap in force
         return GpuCaps(uuid=uuid)
@@ -130,13 +138,15 @@ def next_caps(previous: GpuCaps | None, result: GpuResult) -> GpuCaps:
         return GpuCaps(uuid=uuid, resolved_watts=result.resolved_watts, owner=owner)
     if result.resolved_watts is None and not result.owners:  # failed before it knew anything
         return dataclasses.replace(previous, uuid=uuid)
-    return GpuCaps(
+    return GpuCaps(  # the cap in force is still the previous one, from its source
         uuid=uuid,
         resolved_watts=result.resolved_watts
         if result.resolved_watts is not None
         else previous.resolved_watts,
         applied_watts=previous.applied_watts,
         owner=owner,
+        source=previous.source,
+        claims=previous.claims,
     )
 
 
@@ -364,7 +374,7 @@ class _ScrapeCollector(ScrapeCollector):
             "Device events (XID, ECC) the agent could not keep: more distinct GPU, kind "
             "and code keys between two cycles than it holds. Each drop is also a warning.",
         )
-        labels = ["gpu", "uuid", "namespace", "pod"]
+        labels = ["gpu", "uuid", "namespace", "pod", "source", "claim"]
         resolved = GaugeMetricFamily(
             "capwatch_gpu_resolved_cap_watts",
             "Cap the policy resolved for the GPU (NaN while capwatch holds none).",
@@ -426,6 +436,8 @@ class _ScrapeCollector(ScrapeCollector):
                 caps.uuid or "",
                 owner.namespace if owner else "",
                 owner.name if owner else "",
+                caps.source.value if caps.source else "",
+                caps.claims,
             ]
             resolved.add_metric(values, _watts(caps.resolved_watts))
             applied.add_metric(values, _watts(caps.applied_watts))

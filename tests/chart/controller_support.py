@@ -21,6 +21,7 @@ import pytest
 from capwatch.cli import _parser  # the real `capwatch` parser: what the image will accept
 from controller.settings import ControllerSettings, controller_settings
 from tests.chart.support import NAMESPACE, RELEASE, Manifests
+from tests.pem import write_certificate, write_key
 
 SCHEMA_ERROR = "values don't meet the specifications of the schema"
 NAME = f"{RELEASE}-controller"
@@ -126,7 +127,8 @@ def _settings(
                 flag, path = arg.split("=", 1)
                 local = files / path.removeprefix("/etc/capwatch/")
                 local.parent.mkdir(parents=True, exist_ok=True)
-                local.write_text("PEM\n")
+                # Real PEM: the settings load them as grpc will.
+                (write_key if flag == "--agent-tls-key" else write_certificate)(local)
                 args[i] = f"{flag}={local}"
     namespace = _parser().parse_args(args)
     assert namespace.command == "controller"

@@ -95,6 +95,19 @@ def test_checks_section_names_the_command_that_runs_the_checks():
     assert any("$(BIN)/pytest" in line for line in runs), runs
 
 
+def test_make_chart_lints_every_variant_printing_only_warnings_and_errors(helm: Helm):
+    """`make chart` runs helm lint --strict --quiet: on the chart as it is, every variant
+    lints clean and prints nothing (not "[INFO] Chart.yaml: icon is recommended" once per
+    variant); a warning would still be printed, and fail the lint."""
+    lints = [line for line in _make_targets()["chart"][1] if "$(HELM) lint" in line]
+    assert len(lints) == 2, lints  # the default values, then each ci/ variant
+    assert all("$(HELM) lint --strict --quiet $(CHART)" in line for line in lints), lints
+    variants = [(), *(("--values", str(path)) for path in sorted(CHART.glob("ci/*-values.yaml")))]
+    for variant in variants:
+        done = helm.run("lint", "--strict", "--quiet", str(CHART), *variant)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), variant
+
+
 @pytest.mark.parametrize("readme", [ROOT / "README.md", README], ids=["repository", "chart"])
 def test_install_commands_label_the_namespace_for_privileged_pods(readme: Path):
     """Each `helm install` shown is preceded, in its block, by the Pod Security label the

@@ -7,7 +7,12 @@ from tests.chart.support import NAMESPACE, Helm, Manifests, ports
 
 POD_READ = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
 EVENT_CREATE = {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
-RULES = [*POD_READ, EVENT_CREATE]
+DRA_GROUP, READ = ["resource.k8s.io"], ["list", "watch"]
+CLAIM_READ = {"apiGroups": DRA_GROUP, "resources": ["resourceclaims"], "verbs": READ}
+SLICE_READ = {"apiGroups": DRA_GROUP, "resources": ["resourceslices"], "verbs": READ}
+RULES = [*POD_READ, EVENT_CREATE, CLAIM_READ, SLICE_READ]
+# A Role cannot grant cluster-scoped slices: the namespaced install has them apart.
+NAMESPACED_RULES = [*POD_READ, EVENT_CREATE, CLAIM_READ]
 
 
 def test_default_objects(default: Manifests) -> None:
@@ -17,9 +22,9 @@ def test_default_objects(default: Manifests) -> None:
     )
 
 
-def test_cluster_role_reads_pods_and_creates_events_only(default: Manifests) -> None:
-    """The ClusterRole grants exactly get/list/watch on core pods and create on core events,
-    bound to the chart's account."""
+def test_cluster_role_reads_pods_and_claims_and_creates_events_only(default: Manifests) -> None:
+    """The ClusterRole grants exactly list/watch on core pods and on resource.k8s.io claims
+    and slices, and create on core events, bound to the chart's account."""
     role = default.one("ClusterRole")
     assert role["rules"] == RULES
     binding = default.one("ClusterRoleBinding")
@@ -35,13 +40,17 @@ def test_cluster_role_reads_pods_and_creates_events_only(default: Manifests) -> 
     assert default.pod_spec["serviceAccountName"] == account
 
 
-def test_namespaced_rbac_is_a_role_with_the_same_rule(rendered: dict[str, Manifests]) -> None:
-    """rbac.namespaced renders a Role and RoleBinding in the release namespace, no cluster RBAC."""
+def test_namespaced_rbac_is_a_role_with_the_same_rules(rendered: dict[str, Manifests]) -> None:
+    """rbac.namespaced renders a Role and RoleBinding in the release namespace with the same
+    rules but the slices, which only a ClusterRole of their own (list/watch of
+    resourceslices, nothing else) can grant."""
     manifests = rendered["namespaced-monitored"]
-    assert not manifests.of_kind("ClusterRole")
-    assert not manifests.of_kind("ClusterRoleBinding")
+    (slices,) = manifests.of_kind("ClusterRole")
+    assert slices["rules"] == [SLICE_READ]
+    (slices_binding,) = manifests.of_kind("ClusterRoleBinding")
+    assert slices_binding["roleRef"]["name"] == slices["metadata"]["name"]
     role, binding = manifests.one("Role"), manifests.one("RoleBinding")
-    assert role["rules"] == RULES
+    assert role["rules"] == NAMESPACED_RULES
     assert role["metadata"]["namespace"] == NAMESPACE
     assert binding["metadata"]["namespace"] == NAMESPACE
     assert binding["roleRef"]["kind"] == "Role"
@@ -59,25 +68,39 @@ def test_namespaced_rbac_is_a_role_with_the_same_rule(rendered: dict[str, Manife
     )
 
 
-def test_no_agent_rbac_object_grants_more_than_pod_reads_and_event_creation(
+def test_no_agent_rbac_object_grants_more_than_reads_and_event_creation(
     rendered: dict[str, Manifests],
 ) -> None:
-    """Across every variant, the agent's one (Cluster)Role grants exactly pod get/list/watch
-    and event create (the controller's roles are test_controller's)."""
+    """Across every variant, the agent's roles grant together exactly list/watch of pods,
+    claims and slices and event create (the controller's roles are test_controller's)."""
     for manifests in rendered.values():
         roles = [
             role
             for role in manifests.of_kind("Role") + manifests.of_kind("ClusterRole")
             if role["metadata"]["labels"]["app.kubernetes.io/component"] == "node-agent"
         ]
-        assert len(roles) == 1
-        assert [role["rules"] for role in roles] == [RULES]
+        assert len(roles) in (1, 2)
+        granted = [rule for role in roles for rule in role["rules"]]
+        assert sorted(granted, key=str) == sorted(RULES, key=str)
+
+
+def test_claims_off_drops_the_claim_and_slice_rules_and_says_so_to_the_agent(
+    helm: Helm,
+) -> None:
+    """dra.claims false: no resource.k8s.io rule in either RBAC variant, no slices
+    ClusterRole, and the agent is told not to read claims."""
+    manifests = helm.render("--set", "dra.claims=false")
+    assert manifests.one("ClusterRole")["rules"] == [*POD_READ, EVENT_CREATE]
+    assert "--dra-claims=false" in manifests.container("agent")["args"]
+    namespaced = helm.render("--set", "dra.claims=false", "--set", "rbac.namespaced=true")
+    assert not namespaced.of_kind("ClusterRole")
+    assert namespaced.one("Role")["rules"] == [*POD_READ, EVENT_CREATE]
 
 
 def test_pod_events_off_drops_the_event_rule_and_says_so_to_the_agent(helm: Helm) -> None:
     """agent.podEvents false: pod reads only, and the agent is told not to post Events."""
     manifests = helm.render("--set", "agent.podEvents=false")
-    assert manifests.one("ClusterRole")["rules"] == POD_READ
+    assert manifests.one("ClusterRole")["rules"] == [*POD_READ, CLAIM_READ, SLICE_READ]
     assert "--pod-events=false" in manifests.container("agent")["args"]
 
 

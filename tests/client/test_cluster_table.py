@@ -13,6 +13,7 @@ from capwatch.watch.cluster_table import (
     NodeBoard,
     age_text,
     middle_cut,
+    natural_key,
     node_cells,
     node_styles,
     node_table,
@@ -251,3 +252,49 @@ def test_a_printing_screen_gets_no_block_per_update():
     assert (bare.changes, bare.notes) == (full.changes, full.notes)
     assert full.block
     assert bare.block == ()
+
+
+def test_nodes_are_in_natural_order():
+    """A pool's nodes read as numbered: sim-node-2 before sim-node-10, not after it (the
+    order the names sort in as text)."""
+    names = [f"sim-node-{i}" for i in range(12)]
+    board = NodeBoard()
+    frame = board.snapshot(snapshot(*(node(name) for name in reversed(names))), 100.0, None)
+    rows = [plain(line).split()[0] for line in frame.block[2:]]
+    assert rows == names
+    assert natural_key("a-9-b") < natural_key("a-10-a") < natural_key("a-10-b")
+    assert sorted(["n-01", "n-1", "n-0"], key=natural_key) == ["n-0", "n-01", "n-1"]
+
+
+@pytest.mark.parametrize("width", [80, 120, None])
+def test_node_is_as_wide_as_the_longest_name_and_the_message_gets_the_rest(
+    width: int | None,
+):
+    """NODE is sized to the names seen (``sim-node-11``: 11 characters, not 28), so at 120
+    columns a node's usual message is whole where it was cut; a longer name seen later
+    widens it, on a terminal up to its usual width (a longer one still loses its
+    middle)."""
+    names = [f"sim-node-{i}" for i in range(12)]
+    board = NodeBoard()
+    frame = board.snapshot(snapshot(*(node(name) for name in names)), 100.0, width)
+    lines = [plain(line) for line in frame.block]
+    header = next(line for line in lines if line.startswith("  NODE"))
+    assert header.index("STATUS") == len("  sim-node-11  ")
+    rows = lines[lines.index(header) + 1 :]
+    if width != 80:
+        assert all(row.endswith("power caps enforced; 8 of 8 GPUs capped") for row in rows)
+    long_name = "gke-prod-gpu-pool-a100-80gb-3f2a9c1b-x7k2"
+    later = board.update(cpb.NodeUpdate(sequence=5, node=node(long_name)), 101.0, width)
+    header = next(x for x in map(plain, later.block) if x.startswith("  NODE"))
+    usual = {80: 18, 120: 28, None: len(long_name)}[width]  # as before this name came
+    assert header.index("STATUS") == 2 + usual + 2
+
+
+def test_the_picture_later_counts_ages_on():
+    """``block_at``: the table as last received, each node's age counted on from when its
+    message arrived (what a watch that lost its stream shows)."""
+    board = NodeBoard()
+    board.snapshot(snapshot(node("gpu-a", age_s=1.5)), 100.0, 120)
+    board.update(cpb.NodeUpdate(sequence=5, node=node("gpu-b", age_s=0.5)), 110.0, 120)
+    rows = {plain(x).split()[0]: plain(x).split() for x in board.block_at(125.0, None)[2:]}
+    assert (rows["gpu-a"][5], rows["gpu-b"][5]) == ("26s", "15s")

@@ -217,7 +217,7 @@ async def test_a_restarted_controller_shows_disconnect_reconnect_and_resync(
     async with asyncio.timeout(5):
         assert await task == 0
     text = out.getvalue()
-    assert f"disconnected from {rig.target}: " in text
+    assert "disconnected: " in text
     assert f"reconnected to {rig.target}" in text
     assert "resync: the controller restarted; showing its current state" in text
     assert text.index("disconnected") < text.index("reconnected") < text.index("resync:")
@@ -251,7 +251,7 @@ async def test_retry_keeps_trying_a_controller_not_up_yet(how: str, rigs: list[C
     )
     out, err = io.StringIO(), io.StringIO()
     task = asyncio.create_task(watch(settings, out=out, err=err))
-    await eventually(lambda: "disconnected from" in out.getvalue(), timeout=5)
+    await eventually(lambda: "disconnected: " in out.getvalue(), timeout=5)
     rig = await start_rig(port=port)
     rigs.append(rig)
     rig.set("gpu-a")

@@ -128,9 +128,9 @@ def test_cycle_table_shows_what_each_gpu_got():
 
 
 def test_a_faulted_gpu_shows_its_faults_and_power():
-    """A GPU's active faults are in its REASON, at every width (HEALTH is among the first
-    columns left out, and a faulted GPU's reason may be "ok"), and the reason is red;
-    POWER is the draw in watts, marked * while the power cap holds the clocks back."""
+    """A GPU's active faults are in its REASON, first, at every width (HEALTH is among the
+    first columns left out, and a faulted GPU's reason may be "ok"), and the reason is
+    red; POWER is the draw in watts, marked * while the power cap holds the clocks back."""
     device = pb.DeviceStatus(
         index=0,
         health=pb.DEVICE_HEALTH_UNHEALTHY,
@@ -143,8 +143,8 @@ def test_a_faulted_gpu_shows_its_faults_and_power():
     )
     for width in (80, 120, None):
         lines = [plain(line) for line in gpu_table([device], width)]
-        assert "ok; fault: XID 79, GPU lost" in lines[1], (width, lines)
-    assert "ok; fault: XID" in [plain(line) for line in gpu_table([device], 60)][1]
+        assert "fault: XID 79, GPU lost; ok" in lines[1], (width, lines)
+    assert "fault: XID" in [plain(line) for line in gpu_table([device], 40)][1]
     assert gpu_styles(device)[4] == FAILED
     wide = [plain(line) for line in gpu_table([device], None)]
     assert wide[1].rstrip().endswith("250 W*")
@@ -152,6 +152,57 @@ def test_a_faulted_gpu_shows_its_faults_and_power():
     device.ClearField("faults")
     assert [plain(line) for line in gpu_table([device], None)][1].split()[-1] == "-"
     assert gpu_styles(device)[4] == ""
+
+
+def test_a_claims_cap_names_its_claims_in_source():
+    """SOURCE says a cap came from DRA claims and names them (namespace/name), and a claim
+    whose PowerCap was invalid is named beside the safe default it caused."""
+    claimed = pb.DeviceStatus(
+        index=0,
+        outcome=pb.OUTCOME_ENFORCED,
+        reason="ok",
+        applied_watts=450,
+        cap_source=pb.CAP_SOURCE_CLAIM,
+        claims=[pb.ClaimRef(namespace="ml", name="train-gpu", uid="u")],
+    )
+    invalid = pb.DeviceStatus(
+        index=1,
+        outcome=pb.OUTCOME_ENFORCED,
+        reason="ok",
+        applied_watts=300,
+        cap_source=pb.CAP_SOURCE_SAFE_DEFAULT,
+        safe_default_cause=pb.SAFE_DEFAULT_CAUSE_INVALID,
+        claims=[pb.ClaimRef(namespace="ml", name="bad")],
+    )
+    lines = [plain(line) for line in gpu_table([claimed, invalid], None)]
+    assert "claim ml/train-gpu" in lines[1]
+    assert "safe_default/invalid ml/bad" in lines[2]
+
+
+@pytest.mark.parametrize("width", [80, 120, 132, 160])
+def test_a_lost_gpus_fault_is_never_cut_from_its_reason(width: int):
+    """The demo's key moment: a lost GPU's reason (``uuid_read_failed:gpu_is_lost``) is
+    longer than REASON at 80 and 120 columns; the fault it has (``fault: GPU lost``)
+    comes first, so what is cut is the reason after it, never the fault."""
+    lost = pb.DeviceStatus(
+        index=4,
+        outcome=pb.OUTCOME_FAILED,
+        reason="uuid_read_failed",
+        error_class="gpu_is_lost",
+        faults=[pb.DeviceFault(kind=pb.FAULT_KIND_GPU_LOST, summary="GPU lost")],
+    )
+    row = plain(gpu_table([_device(0, owners=3), lost], width)[2])
+    assert "fault: GPU lost; uuid_read_" in row, row
+    assert len(row) <= width
+
+
+def test_reason_takes_spare_width_before_owners():
+    """Past the columns' narrowest, REASON grows first (a failure's reason whole), then
+    OWNERS (pod names, cut with an ellipsis anyway)."""
+    widths = {c.name: w for c, w in zip(GPU_COLUMNS, fit(GPU_COLUMNS, 132), strict=True)}
+    reason, owners = next(c for c in GPU_COLUMNS if c.name == "REASON"), widths["OWNERS"]
+    assert widths["REASON"] > reason.min
+    assert owners == next(c for c in GPU_COLUMNS if c.name == "OWNERS").min
 
 
 def test_snapshot_heartbeat_and_unknown_values():

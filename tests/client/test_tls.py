@@ -127,3 +127,27 @@ async def test_watch_tls_flags(mtls_harness: ServerHarness, pki: Pki, capsys):
     async with asyncio.timeout(5):
         assert await asyncio.to_thread(main, argv, {}) == 0
     assert capsys.readouterr().out.startswith('{"snapshot": ')
+
+
+@pytest.mark.parametrize("bad", ["directory", "not-pem", "key-of-another"])
+async def test_watch_refuses_unusable_tls_files_up_front(
+    tmp_path: Path, pki: Pki, capsys, bad: str
+):
+    """A directory or a file that is not PEM as --tls-ca, or a key that is not the
+    certificate's, is one line naming the flag and exit 2 before anything is dialled (it
+    used to pass, and every connection then failed as "cannot reach")."""
+    ca, key = pki.ca, pki.client_key
+    flag = "--tls-ca"
+    if bad == "directory":
+        ca = tmp_path
+    elif bad == "not-pem":
+        ca = tmp_path / "ca.der"
+        ca.write_bytes(b"\x30\x82\x01\x0a not a certificate")
+    else:
+        key, flag = pki.server_key, "--tls-key"
+    argv = ["watch", "--target", "127.0.0.1:1", "--tls-ca", str(ca)]
+    argv += ["--tls-cert", str(pki.client_cert), "--tls-key", str(key)]
+    assert await asyncio.to_thread(main, argv, {}) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert flag in err[0], err

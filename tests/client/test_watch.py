@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import io
 import json
+import re
 import signal
 import socket
 import sys
@@ -16,6 +17,8 @@ import pytest
 
 from capwatch.cli import main
 from capwatch.watch.command import add_watch_arguments, watch, watch_settings
+from capwatch.watch.printer import Printer
+from client.stream_events import Disconnected
 from tests.client.support import eventually
 from tests.server.harness import (
     UUIDS,
@@ -249,7 +252,7 @@ async def test_disconnect_reconnect_and_resync_lines(
         servers.append(await restart_harness(harness, same_instance=False))
         assert await task == 0
     text = out.getvalue()
-    assert f"disconnected from {harness.target}: stream ended by the agent; retrying in" in text
+    assert "disconnected: stream ended by the agent; retrying in " in text
     assert f"reconnected to {harness.target}" in text
     assert "resync: the agent restarted; showing its current state" in text
     assert text.index("disconnected") < text.index("reconnected") < text.index("resync:")
@@ -302,7 +305,7 @@ async def test_retry_keeps_trying_an_agent_not_reached_yet(how: str):
     )
     out, err = io.StringIO(), io.StringIO()
     task = asyncio.create_task(watch(settings, out=out, err=err))
-    await eventually(lambda: "disconnected from" in out.getvalue(), timeout=5)
+    await eventually(lambda: "disconnected: " in out.getvalue(), timeout=5)
     harness = await start_harness(settings=settings_for(f"127.0.0.1:{port}"))
     try:
         harness.publish()
@@ -422,3 +425,38 @@ async def test_instance_names_the_agent_instance_since_belongs_to(harness: Serve
     assert rc == 0
     assert json.loads(out)["snapshot"]["resync"] is True
     assert err == "resync: the agent restarted; showing its current state\n"
+
+
+@pytest.mark.asyncio
+async def test_an_agent_gone_for_many_retries_is_a_line_per_reason_and_json_stays_json(
+    harness: ServerHarness, monkeypatch: pytest.MonkeyPatch
+):
+    """--json, the agent stopped under the watch and retried many times: stdout keeps only
+    the agent's messages, each a JSON object; stderr says why in one short line per
+    reason (the stream ended, then the connection refused), not a line of grpc's status
+    text per retry."""
+    retries: list[Disconnected] = []
+    disconnected = Printer.disconnected
+
+    def counted(self: Printer, event: Disconnected) -> None:
+        retries.append(event)
+        disconnected(self, event)
+
+    monkeypatch.setattr(Printer, "disconnected", counted)
+    harness.publish()
+    out, err = io.StringIO(), io.StringIO()
+    stop = asyncio.Event()
+    settings = parsed("--target", harness.target, "--json", "--heartbeat", "60")
+    task = asyncio.create_task(watch(settings, out=out, err=err, stop=stop))
+    await eventually(lambda: "snapshot" in out.getvalue())
+    await harness.server.stop()
+    await eventually(lambda: len(retries) >= 4, timeout=20)
+    stop.set()
+    assert await task == 0
+    assert [list(json.loads(line)) for line in out.getvalue().splitlines()] == [["snapshot"]]
+    lines = err.getvalue().splitlines()
+    assert [line.partition("; retrying in ")[0] for line in lines] == [
+        "disconnected: stream ended by the agent",
+        "disconnected: connection refused",
+    ], lines
+    assert all(re.fullmatch(r"disconnected: [a-z ]+; retrying in \d+\.\d+s", x) for x in lines)

@@ -205,5 +205,8 @@ def disconnected_event(
     *,
     at: float,
     code: grpc.StatusCode | None = grpc.StatusCode.UNAVAILABLE,
+    malformed: bool = False,
 ) -> Disconnected:
-    return Disconnected(error=error, code=code, retry_in=1.0, attempt=0, received_at=at)
+    return Disconnected(
+        error=error, code=code, retry_in=1.0, attempt=0, received_at=at, malformed=malformed
+    )

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
+from client.retrying import MonotonicClock
 from client.stream_events import Event
 from controller.conditions import NodeCondition
 from controller.errors import ApiError, Conflict, NotFound
@@ -38,16 +40,24 @@ class RecordingListener:
         self.calls.clear()
 
 
-class ManualFence:
-    """A Fence whose budget the test sets (0: fenced); a refusal by the API server's
-    fencing policy closes it, as a lost lease does."""
+def _now(clock: MonotonicClock | None) -> float:
+    return asyncio.get_running_loop().time() if clock is None else clock.monotonic()
 
-    def __init__(self, budget: float = 10.0) -> None:
+
+class ManualFence:
+    """A Fence whose budget the test sets (0: fenced): its deadline is that many seconds
+    from each reading, on ``clock`` (None: the running loop's). A refusal by the API
+    server's fencing policy closes it, as a lost lease does."""
+
+    def __init__(self, budget: float = 10.0, *, clock: MonotonicClock | None = None) -> None:
         self.budget = budget
         self.losses: list[str] = []
+        self._clock = clock
 
-    def write_budget(self) -> float:
-        return self.budget
+    def write_deadline(self) -> float:
+        if self.budget <= 0:
+            return -math.inf
+        return _now(self._clock) + self.budget
 
     def lost(self, why: str) -> None:
         self.losses.append(why)
@@ -61,7 +71,7 @@ class ManualFence:
 class Patch:
     node: str
     condition: NodeCondition
-    deadline_s: float
+    deadline_s: float  # the deadline it was given, less when it started
     started: float
     ended: float
 
@@ -73,7 +83,8 @@ class FakeConditionApi:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeCondition] = {}
         self.patches: list[Patch] = []  # the successful ones, in completion order
-        self.attempts: list[tuple[str, float, float]] = []  # (node, loop time, deadline_s)
+        # (node, loop time, deadline_s: the deadline it was given, less that time)
+        self.attempts: list[tuple[str, float, float]] = []
         self.failures: dict[str, list[Exception]] = defaultdict(list)  # ApiError, or a bug
         self.gates: dict[str, asyncio.Event] = {}
         self.missing: set[str] = set()
@@ -82,10 +93,11 @@ class FakeConditionApi:
         self.most_in_flight: dict[str, int] = defaultdict(int)
 
     async def patch_condition(
-        self, node: str, condition: NodeCondition, *, deadline_s: float
+        self, node: str, condition: NodeCondition, *, deadline: float
     ) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
+        deadline_s = deadline - started
         self.attempts.append((node, started, deadline_s))
         self.in_flight[node] += 1
         self.most_in_flight[node] = max(self.most_in_flight[node], self.in_flight[node])
@@ -120,14 +132,15 @@ class FakeConditionApi:
 class FakeEventApi:
     """An EventApi keeping the Events it was given; failures scripted in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: MonotonicClock | None = None) -> None:
         self.events: list[NodeEvent] = []
-        self.deadlines: list[float] = []
+        self.deadlines: list[float] = []  # each post's deadline, less when it was made
+        self._clock = clock
         self.failures: list[BaseException] = []
         self.gate: asyncio.Event | None = None
 
-    async def create_event(self, event: NodeEvent, *, deadline_s: float) -> None:
-        self.deadlines.append(deadline_s)
+    async def create_event(self, event: NodeEvent, *, deadline: float) -> None:
+        self.deadlines.append(deadline - _now(self._clock))
         if self.gate is not None:
             await self.gate.wait()
         if self.failures:

@@ -54,9 +54,15 @@ def test_a_targets_file_with_comments_and_blank_lines(tmp_path: Path) -> None:
     }
 
 
-def test_an_empty_targets_file_has_no_targets(tmp_path: Path) -> None:
-    """Only comments: no targets (not an error)."""
-    assert parse_targets(targets_file(tmp_path, "# none yet\n")) == {}
+@pytest.mark.parametrize("text", ["", "\n\n", "# none yet\n   # nor here\n"])
+def test_a_targets_file_without_targets_is_a_config_error(tmp_path: Path, text: str) -> None:
+    """Empty, blank or only comments: a ConfigError for --targets naming the file (read
+    once at start, it would leave the controller following nothing for its whole life)."""
+    path = targets_file(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        parse_targets(path)
+    assert caught.value.option == "--targets"
+    assert str(caught.value) == f"--targets: {path} lists no agents (one 'NODE ADDRESS' per line)"
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ from controller.conditions import (
 from controller.dryrun import PrintingApi, Unfenced
 from controller.tracking import NodeState
 from controller.writes.recorder import EventRecorder, EventType, NodeEvent
-from controller.writes.writer import REQUEST_TIMEOUT_S, ConditionWriter
+from controller.writes.writer import ConditionWriter
 from tests.controller.virtual_time import LoopClock
 
 
@@ -37,7 +38,7 @@ async def test_a_patch_is_one_line_with_the_message_quoted() -> None:
         last_transition_wall=0.0,
         last_heartbeat_wall=0.0,
     )
-    await PrintingApi(out).patch_condition("gpu-7", condition, deadline_s=1.0)
+    await PrintingApi(out).patch_condition("gpu-7", condition, deadline=1.0)
     assert out.getvalue() == (
         "PATCH nodes/gpu-7/status GPUPowerCapEnforced=False reason=CapWriteFailed "
         'message="gpu1: write_failed: \\"no\\"\\nsecond line"\n'
@@ -51,14 +52,15 @@ async def test_an_event_is_one_line() -> None:
     event = NodeEvent(
         node="gpu-7", type=EventType.NORMAL, reason="CapsEnforced", message="ok", wall=0.0
     )
-    await PrintingApi(out).create_event(event, deadline_s=1.0)
+    await PrintingApi(out).create_event(event, deadline=1.0)
     assert out.getvalue() == "EVENT Normal node/gpu-7 CapsEnforced: ok\n"
 
 
 def test_the_dry_run_fence_never_closes() -> None:
-    """With no Lease the replica acts as its shard's leader: a full write budget always."""
+    """With no Lease the replica acts as its shard's leader: its fence never closes (each
+    write is bounded by its request timeout alone)."""
     fence = Unfenced()
-    assert fence.write_budget() == REQUEST_TIMEOUT_S
+    assert fence.write_deadline() == math.inf
     assert fence.leading is True
     assert fence.holder == ""
 

@@ -2,35 +2,50 @@
 replaced when the agent moves, stopped when it goes, restarted when it ends by itself.
 
 The clients are fakes with the two NodeHealthClient methods a follower uses (``events()``
-and ``close()``); time is the virtual loop's, so the restart delay is exact."""
+and ``close()``); time is the virtual loop's and the backoff's jitter a chosen source, so
+the restart delays are exact."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 
 import pytest
 
+from api.gen.capwatch.v1 import node_health_pb2 as pb
+from client.node_health import Backoff, NodeHealthClient
 from controller import following
 from controller.conditions import ConditionReason
 from controller.following import Followers
 from controller.tracking import NodeTracker
+from kit.clock import SystemClock
+from tests.client.support import Script, scripted
 from tests.controller.builders import heartbeat_event, report, snapshot, snapshot_event
 from tests.controller.fakes import FakeClients, FakeStream, RecordingListener
 from tests.controller.virtual_time import LoopClock
 
 A, B = "10.0.0.1:50051", "10.0.0.2:50051"
+FIRST_S = following.RESTART_BACKOFF.initial_s  # the longest first restart delay
+
+
+class TopOfRange(random.Random):
+    """A 'random' source that always picks the longest allowed wait."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
 
 
 class Rig:
-    """Followers with a real tracker, told about targets as the shard sink tells both."""
+    """Followers with a real tracker, told about targets as the shard sink tells both;
+    every restart waits the longest its backoff allows."""
 
     def __init__(self) -> None:
         self.clock = LoopClock()
         self.listener = RecordingListener()
         self.tracker = NodeTracker(clock=self.clock, listeners=[self.listener])
         self.clients = FakeClients()
-        self.followers = Followers(tracker=self.tracker, clients=self.clients)
+        self.followers = Followers(tracker=self.tracker, clients=self.clients, rng=TopOfRange())
 
     def target(self, node: str, address: str | None) -> None:
         self.tracker.target(node, address)
@@ -115,7 +130,7 @@ async def test_a_removed_target_stops_its_stream() -> None:
     await settle()
     assert stream.closed
     assert len(rig.followers) == 0
-    await asyncio.sleep(following.RESTART_DELAY_S * 10)
+    await asyncio.sleep(FIRST_S * 10)
     assert len(rig.clients.made) == 1
     await rig.close()
 
@@ -126,7 +141,7 @@ async def test_a_stream_that_ends_by_itself_is_restarted_after_the_delay(
     how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A follower that ends (or raises) is a bug: logged as an error, its client closed,
-    and a new one started at the same address RESTART_DELAY_S later, not before."""
+    and a new one started at the same address after the first backoff delay, not before."""
     rig = Rig()
     rig.target("gpu-1", A)
     stream = await opened(rig, "gpu-1")
@@ -140,14 +155,14 @@ async def test_a_stream_that_ends_by_itself_is_restarted_after_the_delay(
     assert stream.closed
     assert "ended unexpectedly" in caplog.text
     assert len(rig.followers) == 0
-    await asyncio.sleep(following.RESTART_DELAY_S - 0.01)
+    await asyncio.sleep(FIRST_S - 0.01)
     assert len(rig.clients.made) == 1
     await asyncio.sleep(0.02)
     await settle()
     again = rig.clients.latest("gpu-1")
     assert again is not stream
     assert (again.address, again.opened) == (A, True)
-    assert rig.clock.monotonic() - started == pytest.approx(following.RESTART_DELAY_S, abs=0.02)
+    assert rig.clock.monotonic() - started == pytest.approx(FIRST_S, abs=0.02)
     assert len(rig.followers) == 1
     # The new stream works.
     again.put(heartbeat_event(at=rig.clock.monotonic()))
@@ -167,7 +182,7 @@ async def test_no_restart_where_discovery_no_longer_places_the_agent() -> None:
     await settle()
     rig.tracker.target("gpu-1", None)  # discovery dropped it; the follower was gone already
     rig.target("gpu-2", B)
-    await asyncio.sleep(following.RESTART_DELAY_S * 3)
+    await asyncio.sleep(FIRST_S * 3)
     await settle()
     assert [s.address for s in rig.clients.of("gpu-1")] == [A]
     assert [s.address for s in rig.clients.of("gpu-2")] == [A.replace("1:", "3:"), B]
@@ -186,11 +201,11 @@ async def test_a_client_that_cannot_be_made_is_retried() -> None:
             raise failures.pop()
         return rig.clients(node, address)
 
-    rig.followers = Followers(tracker=rig.tracker, clients=flaky)
+    rig.followers = Followers(tracker=rig.tracker, clients=flaky, rng=TopOfRange())
     rig.target("gpu-1", A)
     await settle()
     assert rig.clients.made == []
-    await asyncio.sleep(following.RESTART_DELAY_S + 0.01)
+    await asyncio.sleep(FIRST_S + 0.01)
     await settle()
     assert rig.clients.latest("gpu-1").opened
     await rig.close()
@@ -224,6 +239,82 @@ async def test_close_stops_everything_and_nothing_restarts() -> None:
     assert all(s.closed for s in rig.clients.made)
     assert len(rig.followers) == 0
     rig.target("gpu-3", "10.0.0.3:50051")
-    await asyncio.sleep(following.RESTART_DELAY_S * 3)
+    await asyncio.sleep(FIRST_S * 3)
     assert len(rig.clients.made) == 2
     rig.tracker.close()
+
+
+@pytest.mark.asyncio
+async def test_a_follower_that_keeps_dying_backs_off_and_recovers_its_pace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A follower that dies at once every time (a bug on the agent's first message) is
+    restarted after the one backoff, 1 s doubling to a minute, not every second: 5
+    restarts in the first 45 s where a fixed 1 s gave 45, one error line each. One that
+    ran a minute before dying starts again from 1 s."""
+    rig = Rig()
+    rig.target("gpu-1", A)
+    start = rig.clock.monotonic()
+    restarts: list[float] = []
+    with caplog.at_level(logging.ERROR, logger="controller.following"):
+        while rig.clock.monotonic() - start < 45:
+            stream = await opened(rig, "gpu-1")
+            if stream is not rig.clients.made[0]:
+                restarts.append(round(rig.clock.monotonic() - start, 3))
+            stream.fail(RuntimeError("boom"))
+            await settle()
+            while rig.clients.latest("gpu-1") is stream:  # noqa: ASYNC110 (virtual time)
+                await asyncio.sleep(0.5)
+    assert restarts == [1.0, 3.0, 7.0, 15.0, 31.0]
+    assert caplog.text.count("ended unexpectedly; restarting in") == 6
+    assert "restarting in 32.0s (failure 6)" in caplog.text
+
+    await asyncio.sleep(32.0)
+    survivor = await opened(rig, "gpu-1")
+    assert survivor is not stream
+    await asyncio.sleep(following.RESTART_BACKOFF.max_s)
+    survivor.fail(RuntimeError("boom, a minute later"))
+    await settle()
+    died = rig.clock.monotonic()
+    await asyncio.sleep(FIRST_S + 0.01)
+    await settle()
+    assert rig.clients.latest("gpu-1") is not survivor
+    assert rig.clock.monotonic() - died == pytest.approx(FIRST_S + 0.01, abs=0.02)
+    await rig.close()
+
+
+@pytest.mark.asyncio(loop_factories=["real"])
+async def test_an_agent_sending_a_bad_interval_is_a_malformed_node_not_a_restart_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A real NodeHealthClient following an agent whose snapshot's interval is 2**62 s (no
+    timedelta holds it): the node is Unknown AgentMessageMalformed naming the field, the
+    follower never dies (no error line, no traceback: it was 45 tracebacks in 45 s), and
+    the client reconnects by its backoff."""
+    snapshot = pb.NodeSnapshot(node_name="gpu-1", agent_instance_id="a-1")
+    snapshot.interval.seconds = 2**62
+    script = Script(lambda: [pb.WatchResponse(snapshot=snapshot).SerializeToString()])
+    tracker = NodeTracker(clock=SystemClock())
+    tiny = Backoff(initial_s=0.001, max_s=0.004)
+    caplog.set_level(logging.INFO)
+    async with scripted("capwatch.v1.NodeHealthService", "Watch", script) as target:
+        followers = Followers(
+            tracker=tracker,
+            clients=lambda node, address: NodeHealthClient(
+                target=address, node_name=node, backoff=tiny
+            ),
+        )
+        tracker.target("gpu-1", target)
+        followers.target("gpu-1", target)
+        async with asyncio.timeout(10):
+            while script.calls < 5:  # noqa: ASYNC110 (the server counts)
+                await asyncio.sleep(0.01)
+        state = tracker.get("gpu-1")
+        assert state is not None
+        assert state.condition.reason is ConditionReason.AGENT_MESSAGE_MALFORMED
+        assert "snapshot.interval is not a valid Duration" in state.condition.message
+        assert len(followers) == 1
+        await followers.close()
+    tracker.close()
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert all(r.exc_info is None for r in caplog.records)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from controller.conditions import Condition, ConditionReason, ConditionStatus, NodeCondition
-from controller.errors import ApiError
+from controller.errors import ApiError, DeadlinePassed
 from controller.writes.recorder import DEDUPE_WINDOW_S, REQUEST_TIMEOUT_S, EventRecorder, EventType
 from kit.clock import FakeClock
 from tests.controller.fakes import FakeEventApi, ManualFence
@@ -48,8 +48,8 @@ class Observer:
 class Rig:
     def __init__(self) -> None:
         self.clock = FakeClock()
-        self.api = FakeEventApi()
-        self.fence = ManualFence(10.0)
+        self.api = FakeEventApi(clock=self.clock)
+        self.fence = ManualFence(10.0, clock=self.clock)
         self.observer = Observer()
         self.recorder = EventRecorder(
             api=self.api, fence=self.fence, clock=self.clock, observer=self.observer
@@ -202,3 +202,15 @@ async def test_an_event_post_never_outlives_the_fence(budget: float, deadline: f
     rig.fence.budget = budget
     await rig.to(WRITE_FAILED)
     assert rig.api.deadlines == [deadline]
+
+
+@pytest.mark.asyncio
+async def test_an_event_not_sent_past_its_deadline_is_counted_expired_and_not_retried() -> None:
+    """An Event the API client dropped because the fence's deadline had passed before it
+    could go out is counted ``expired`` (not ``failed``), and, best effort, not retried."""
+    rig = Rig()
+    rig.api.failures.append(DeadlinePassed("POST events: not sent"))
+    await rig.to(WRITE_FAILED)
+    assert rig.observer.results == ["expired"]
+    assert rig.api.events == []
+    assert rig.fence.losses == []

@@ -155,6 +155,33 @@ async def test_a_lost_stream_is_agent_unreachable_until_the_agent_answers() -> N
 
 
 @pytest.mark.asyncio
+async def test_a_malformed_message_is_agent_message_malformed_until_the_agent_answers() -> None:
+    """A stream the client dropped for a malformed message (a Duration out of range) is
+    Unknown with a reason that says so, AgentMessageMalformed, naming the field; the link
+    reads unreachable (it is reconnecting). A well-formed answer reconnects the node, and
+    a later plain loss of the stream is AgentUnreachable again."""
+    tracker, listener, clock = tracker_and_listener()
+    connected(tracker, clock)
+    error = "malformed message from the agent: snapshot.interval is not a valid Duration"
+    tracker.on_event(
+        NODE, disconnected_event(error, at=clock.monotonic(), code=None, malformed=True)
+    )
+    state = listener.changes[-1]
+    assert state.condition.key == (S.UNKNOWN, R.AGENT_MESSAGE_MALFORMED)
+    assert state.condition.reason.value == "AgentMessageMalformed"
+    assert state.condition.message == (
+        f"the capwatch agent at {ADDRESS} sent a malformed message; reconnecting: {error}"
+    )
+    assert state.observation.link is AgentLink.UNREACHABLE
+
+    tracker.on_event(NODE, heartbeat_event(at=clock.monotonic()))
+    assert reason_of(tracker) == (S.TRUE, R.CAPS_ENFORCED)
+    tracker.on_event(NODE, disconnected_event("connection reset", at=clock.monotonic()))
+    assert reason_of(tracker) == (S.UNKNOWN, R.AGENT_UNREACHABLE)
+    tracker.close()
+
+
+@pytest.mark.asyncio
 async def test_a_refused_stream_says_refused() -> None:
     """FAILED_PRECONDITION (the agent serves another node) is reported as a refusal."""
     tracker, listener, clock = tracker_and_listener()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 
 import pytest
 
@@ -206,18 +207,61 @@ async def test_retry_after_is_honoured() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_retry_writes_the_latest_state() -> None:
-    """Changes while a retry is pending are not written separately: the retry writes the
-    state the node is in by then."""
+async def test_a_retry_writes_the_latest_message() -> None:
+    """A message-only change while a retry is pending is not written separately (nor is
+    the same status and reason again): the retry writes the message the node has by then."""
     rig = Rig()
     rig.api.failures[NODE] = [ApiError("boom", status=503, retry_after=5.0)]
-    rig.change(WRITE_FAILED)
+    rig.change(WRITE_FAILED, "gpu1 failed")
     await asyncio.sleep(1)
-    rig.change(RELEASE_FAILED)
-    rig.change(UNREACHABLE)
+    rig.change(WRITE_FAILED, "gpu1 and gpu2 failed")
     await asyncio.sleep(10)
-    assert len(rig.api.attempts) == 2
-    assert rig.keys() == [key(UNREACHABLE)]
+    assert [at for _, at, _ in rig.api.attempts] == [1000.0, 1005.0]
+    assert [c.message for c in rig.api.written(NODE)] == ["gpu1 and gpu2 failed"]
+    await rig.writer.stop()
+
+
+@pytest.mark.parametrize("retry_after", [3600.0, math.inf])
+@pytest.mark.asyncio
+async def test_a_huge_retry_after_waits_no_longer_than_the_backoff_ceiling(
+    retry_after: float,
+) -> None:
+    """Retry-After: 3600 (or infinity) is capped at the backoff's ceiling: the node is tried
+    again RETRY_MAX_S later, not in an hour (or never)."""
+    rig = Rig()
+    rig.api.failures[NODE] = [ApiError("slow down", status=429, retry_after=retry_after)]
+    rig.change(WRITE_FAILED)
+    await asyncio.sleep(2 * RETRY_MAX_S)
+    first, second = (t for n, t, _ in rig.api.attempts if n == NODE)
+    assert second - first == pytest.approx(RETRY_MAX_S)
+    assert rig.keys() == [key(WRITE_FAILED)]
+    await rig.writer.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_pending_retry_never_delays_a_newer_state() -> None:
+    """A node True, then failing, its write refused with Retry-After: 3600: when its state
+    changes again (Unknown) during the retry's wait, the new state is written at once, not
+    when the retry is due; its backoff carries on (a second refusal waits longer), and the
+    retry it replaced writes nothing more."""
+    rig = Rig()
+    rig.api.failures[NODE] = [
+        ApiError("slow down", status=429, retry_after=3600.0),
+        ApiError("slow down", status=429, retry_after=3600.0),
+    ]
+    rig.change(WRITE_FAILED)
+    await asyncio.sleep(5)
+    rig.change(UNREACHABLE)
+    await settle()
+    assert [at for _, at, _ in rig.api.attempts] == [1000.0, 1005.0]
+    assert rig.writer._queue.failures(NODE) == 2
+    rig.change(TRUE)
+    await settle()
+    assert [at for _, at, _ in rig.api.attempts] == [1000.0, 1005.0, 1005.0]
+    assert rig.keys() == [key(TRUE)]
+    assert rig.writer._queue.failures(NODE) == 0
+    await asyncio.sleep(2 * RETRY_MAX_S)
+    assert len(rig.api.attempts) == 3
     await rig.writer.stop()
 
 

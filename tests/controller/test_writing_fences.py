@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from controller.errors import ApiError, FencedOut
+from controller.errors import ApiError, DeadlinePassed, FencedOut
 from controller.writes.writer import (
     REQUEST_TIMEOUT_S,
 )
@@ -244,4 +244,45 @@ async def test_an_event_the_fencing_policy_refuses_closes_the_fence() -> None:
     assert rig.keys() == [key(WRITE_FAILED)]
     assert rig.events.said() == []
     assert rig.fence.losses == ["capwatch fencing: not the holder"]
+    await rig.writer.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_write_not_sent_past_its_deadline_is_read_against_the_fence_again() -> None:
+    """A write the API client dropped because its deadline had passed (DeadlinePassed) is
+    no failure to back off from: counted expired, it is tried again at once while the fence
+    is open (the elector renewed meanwhile), with no backoff recorded for the node."""
+    rig = Rig()
+    rig.api.failures[NODE] = [DeadlinePassed("PATCH: not sent")]
+    rig.change(WRITE_FAILED)
+    await settle()
+    assert [at for _, at, _ in rig.api.attempts] == [1000.0, 1000.0]
+    assert rig.keys() == [key(WRITE_FAILED)]
+    assert rig.observer.count("expired") == 1
+    assert rig.observer.count("failed") == 0
+    assert rig.writer._queue.failures(NODE) == 0
+    await rig.writer.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_write_not_sent_past_its_deadline_is_held_while_the_fence_is_closed() -> None:
+    """Dropped past its deadline with the fence closed since (the process was paused past
+    its renew deadline): not retried as the holder, held, and written once the replica
+    leads again (resume())."""
+    rig = Rig()
+    rig.api.failures[NODE] = [DeadlinePassed("PATCH: not sent")]
+    gate = rig.api.gates[NODE] = asyncio.Event()
+    rig.change(WRITE_FAILED)
+    await settle()  # handed to the API, waiting for its thread
+    rig.fence.budget = 0.0
+    del rig.api.gates[NODE]
+    gate.set()
+    await asyncio.sleep(120)  # far past any backoff: nothing is retried
+    assert len(rig.api.attempts) == 1
+    assert rig.observer.count("expired") == 1
+    assert rig.observer.count("fenced") == 1
+    rig.fence.budget = 10.0
+    rig.writer.resume()
+    await settle()
+    assert rig.keys() == [key(WRITE_FAILED)]
     await rig.writer.stop()

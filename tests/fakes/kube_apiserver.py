@@ -11,7 +11,10 @@ capwatch's agent and controller (routes in kube_http):
 - leases: ``coordination.k8s.io/v1`` get, list, create and update with real
   optimistic concurrency (kube_leases);
 - events: ``POST /api/v1/namespaces/{ns}/events``, and list and watch of
-  them, cluster-wide or in a namespace, by field selector (kube_events).
+  them, cluster-wide or in a namespace, by field selector (kube_events);
+- DRA: ``resource.k8s.io/v1`` ResourceClaims and ResourceSlices, list and
+  watch, and the group version's discovery (kube_resources); ``resource_api=False``
+  makes a server without them (before 1.34).
 
 What it answers is held to a real kube-apiserver: the contract tests in
 tests/kube/test_fake_*.py run against both (tests/kube/servers.py).
@@ -39,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tests.fakes.kube_events import EventStore, EventWrite
 from tests.fakes.kube_faults import Faults, RequestKind, RequestRecord
@@ -47,10 +50,13 @@ from tests.fakes.kube_http import Handler, Server
 from tests.fakes.kube_leases import LeaseState, LeaseStore, LeaseWrite
 from tests.fakes.kube_nodes import Node, NodeStatusWrite, NodeStore
 from tests.fakes.kube_pods import Pod, PodStore
+from tests.fakes.kube_resources import ClaimStore, SliceStore
 from tests.fakes.kube_store import Key, Obj, ResourceVersions
 from tests.fakes.kube_watch import WatchControls
 
 __all__ = ["FakeKubeApiServer", "GoneMode", "RequestKind", "RequestRecord"]
+
+_S = TypeVar("_S", ClaimStore, SliceStore)
 
 GoneMode = Literal["http", "event"]
 
@@ -64,6 +70,7 @@ class FakeKubeApiServer:
         gone_mode: GoneMode = "event",
         history_limit: int = 1000,
         bookmark_frequency: float = 60.0,
+        resource_api: bool = True,
     ) -> None:
         self.versions = ResourceVersions()
         self.pods = PodStore(versions=self.versions, history_limit=history_limit)
@@ -71,6 +78,11 @@ class FakeKubeApiServer:
         self.nodes = NodeStore(versions=self.versions, history_limit=history_limit)
         self.leases = LeaseStore(versions=self.versions, history_limit=history_limit)
         self.events_store = EventStore(versions=self.versions, history_limit=history_limit)
+        self.claims: ClaimStore | None = None
+        self.slices: SliceStore | None = None
+        if resource_api:
+            self.claims = ClaimStore(versions=self.versions, history_limit=history_limit)
+            self.slices = SliceStore(versions=self.versions, history_limit=history_limit)
         self.faults = Faults(cond=self.versions.cond)
         self.watch_controls = WatchControls()
         self.gone_mode: GoneMode = gone_mode
@@ -255,6 +267,29 @@ class FakeKubeApiServer:
         """The created Events with the server time and User-Agent of each."""
         return self.events_store.writes()
 
+    # -- DRA: resource.k8s.io/v1 -----------------------------------------------
+
+    def put_claim(self, claim: Obj) -> Obj:
+        """Create or replace a ResourceClaim given whole (as the scheduler writes its
+        allocation on a real cluster)."""
+        return self._resource_store(self.claims).put_claim(claim)
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        self._resource_store(self.claims).delete((namespace, name))
+
+    def put_slice(self, item: Obj) -> Obj:
+        """Create or replace a ResourceSlice given whole (as a DRA driver publishes it)."""
+        return self._resource_store(self.slices).put_slice(item)
+
+    def delete_slice(self, name: str) -> None:
+        self._resource_store(self.slices).delete(("", name))
+
+    @staticmethod
+    def _resource_store(store: _S | None) -> _S:
+        if store is None:
+            raise ValueError("this fake serves no resource.k8s.io/v1 (resource_api=False)")
+        return store
+
     # -- the shared state -------------------------------------------------------
 
     @property
@@ -273,6 +308,9 @@ class FakeKubeApiServer:
         with self.versions.cond:
             for store in (self.pods, self.nodes, self.leases, self.events_store):
                 store.compact()
+            for dra in (self.claims, self.slices):
+                if dra is not None:
+                    dra.compact()
 
     # -- stream controls (every open watch, pods and nodes alike) ---------------
 

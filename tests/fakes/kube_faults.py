@@ -49,9 +49,14 @@ RequestKind = Literal[
     "node_get",
     "node_status",
     "lease",
+    "claim_list",
+    "claim_watch",
+    "slice_list",
+    "slice_watch",
+    "discovery",
 ]
 REQUEST_KINDS: tuple[str, ...] = get_args(RequestKind)
-WATCH_KINDS = ("watch", "node_watch", "event_watch")
+WATCH_KINDS = ("watch", "node_watch", "event_watch", "claim_watch", "slice_watch")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,6 +37,7 @@ from tests.fakes.kube_leases import GROUP, LeasesEndpoint
 from tests.fakes.kube_lists import ListEndpoint
 from tests.fakes.kube_nodes import NODE_FIELDS, NodesEndpoint
 from tests.fakes.kube_pods import POD_FIELDS
+from tests.fakes.kube_resources import CLAIM_FIELDS, SLICE_FIELDS, resource_list
 from tests.fakes.kube_watch import WatchEndpoint
 from tests.fakes.kube_wire import status_body
 
@@ -158,6 +159,33 @@ class Handler(
                     "GET": ("node_get", lambda: self._get_node(name)),
                     "PATCH": ("node_status", lambda: self._patch_node_status(name, raw)),
                 }
+            case ["apis", "resource.k8s.io", "v1"]:
+                return {"GET": ("discovery", self._resource_discovery)}
+            case ["apis", "resource.k8s.io", "v1", "resourceclaims"] | [
+                "apis",
+                "resource.k8s.io",
+                "v1",
+                "namespaces",
+                _,
+                "resourceclaims",
+            ] if fake.claims is not None:
+                namespace = parts[4] if len(parts) == 6 else None
+                claims = fake.claims
+                kind = "claim_watch" if watching else "claim_list"
+                return {
+                    "GET": (
+                        kind,
+                        lambda: self._collection(
+                            claims, CLAIM_FIELDS, query, kind=kind, namespace=namespace
+                        ),
+                    )
+                }
+            case ["apis", "resource.k8s.io", "v1", "resourceslices"] if fake.slices is not None:
+                slices = fake.slices
+                kind = "slice_watch" if watching else "slice_list"
+                return {
+                    "GET": (kind, lambda: self._collection(slices, SLICE_FIELDS, query, kind=kind))
+                }
             case ["apis", group, "v1", "namespaces", namespace, "leases", *rest] if (
                 group == GROUP and len(rest) <= 1
             ):
@@ -167,6 +195,13 @@ class Handler(
                     m: ("lease", self._lease_call(m, namespace, name, query, raw)) for m in methods
                 }
         return None
+
+    def _resource_discovery(self) -> None:
+        if self.fake.claims is None:
+            message = "the server could not find the requested resource"
+            self._send_json(404, status_body(404, message))
+        else:
+            self._send_json(200, resource_list())
 
     def _lease_call(
         self, method: str, namespace: str, name: str | None, query: dict[str, str], raw: bytes

@@ -23,14 +23,14 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from agent.kube.client import KubernetesPodView
 from agent.kube.informer import WatchPolicy
+from agent.kube.podview import PodInformer
 from kit.clock import SystemClock
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.rawapi import client_for
 from tests.kube.realserver import RealApiServer, prepare
 from tests.kube.servers import ApiServer, FakeApiServer
-from tests.kube.support import NODE
+from tests.kube.support import NODE, kube_pod_view
 from tests.realkube.controlplane import ControlPlane, ControlPlaneError
 
 
@@ -54,7 +54,7 @@ def kube_api_client(kube_apiserver: FakeKubeApiServer) -> Iterator[kubernetes.cl
     client.close()
 
 
-ViewFactory = Callable[..., KubernetesPodView]
+ViewFactory = Callable[..., PodInformer]
 _POLICY_FIELDS = {field.name for field in dataclasses.fields(WatchPolicy)}
 
 
@@ -62,10 +62,10 @@ _POLICY_FIELDS = {field.name for field in dataclasses.fields(WatchPolicy)}
 def make_view(kube_api_client: kubernetes.client.ApiClient) -> Iterator[ViewFactory]:
     """Build (and by default start) views on ``node-a`` with test-sized timings;
     every view is closed after the test."""
-    views: list[KubernetesPodView] = []
+    views: list[PodInformer] = []
 
-    def factory(*, start: bool = True, **overrides: Any) -> KubernetesPodView:
-        """``overrides``: WatchPolicy fields and KubernetesPodView arguments alike."""
+    def factory(*, start: bool = True, **overrides: Any) -> PodInformer:
+        """``overrides``: WatchPolicy fields and PodInformer arguments alike."""
         timings: dict[str, Any] = {
             "stale_after": 0.4,
             "backoff_initial": 0.005,
@@ -80,7 +80,7 @@ def make_view(kube_api_client: kubernetes.client.ApiClient) -> Iterator[ViewFact
         }
         for name, value in overrides.items():
             (timings if name in _POLICY_FIELDS else settings)[name] = value
-        view = KubernetesPodView(policy=WatchPolicy(**timings), **settings)
+        view = kube_pod_view(policy=WatchPolicy(**timings), **settings)
         views.append(view)
         if start:
             view.start()

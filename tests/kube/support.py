@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
-from agent.kube.client import KubernetesPodView
+from agent.kube.client import KubernetesPodRequests
+from agent.kube.podview import PodInformer
 from kit.errors import PodViewError
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
@@ -22,12 +24,12 @@ def wait_until(predicate: Callable[[], object], timeout: float = 5.0, what: str 
         time.sleep(0.005)
 
 
-def names(view: KubernetesPodView) -> set[str]:
+def names(view: PodInformer) -> set[str]:
     """The ``namespace/name`` of every pod in the view's snapshot."""
     return {str(info.ref) for info in view.snapshot().pods.values()}
 
 
-def is_synced(view: KubernetesPodView) -> bool:
+def is_synced(view: PodInformer) -> bool:
     try:
         view.snapshot()
     except PodViewError:
@@ -35,7 +37,16 @@ def is_synced(view: KubernetesPodView) -> bool:
     return True
 
 
-def wait_watching(server: FakeKubeApiServer, view: KubernetesPodView) -> None:
+def wait_watching(server: FakeKubeApiServer, view: PodInformer) -> None:
     """Wait until the view has listed and its watch is open on the server, so that
     stream controls (drop, end, bookmark) reach it."""
     wait_until(lambda: is_synced(view) and server.open_watches == 1, what="view watching")
+
+
+def kube_pod_view(
+    *, node_name: str, api_client: Any, namespace: str | None = None, **rest: Any
+) -> PodInformer:
+    """The agent's pod view over the real ``kubernetes`` client, as agent/assembly.py
+    builds it (``rest``: the informer's clock, policy and rng)."""
+    requests = KubernetesPodRequests(api_client, node_name=node_name, namespace=namespace)
+    return PodInformer(node_name=node_name, requests=requests, **rest)

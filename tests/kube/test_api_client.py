@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube.client import KubernetesPodView, api_client_from_environment
+from agent.kube.client import KubernetesPodRequests, api_client_from_environment
 from agent.kube.informer import WatchPolicy
+from agent.kube.podview import PodInformer
 from kit.clock import SystemClock
 from kit.errors import ConfigError
 from tests.fakes.kube_apiserver import FakeKubeApiServer
@@ -45,9 +46,9 @@ def test_kubeconfig_client_drives_a_pod_view(
         assert client.configuration.host == kube_apiserver.url
         assert client.configuration.retries is False
         assert client.configuration.keep_alive is True
-        view = KubernetesPodView(
+        view = PodInformer(
             node_name=NODE,
-            api_client=client,
+            requests=KubernetesPodRequests(client, node_name=NODE, namespace=None),
             clock=SystemClock(),
             policy=WatchPolicy(stale_after=1.0),
         )

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from agent.kube.client import KubernetesPodView
+from agent.kube.client import CollectionRequests
 from agent.kube.informer import Informer, WatchPolicy
-from controller.kube import CollectionRequests
+from agent.kube.podview import PodInformer
 from kit.clock import SystemClock
 from tests.kube.servers import ApiServer
-from tests.kube.support import NODE, OTHER_NODE, is_synced, names, wait_until
+from tests.kube.support import NODE, OTHER_NODE, is_synced, kube_pod_view, names, wait_until
 
 AGENT = {"app.kubernetes.io/name": "capwatch", "app.kubernetes.io/component": "agent"}
 AGENT_PODS = "/api/v1/namespaces/capwatch/pods"
@@ -27,9 +27,9 @@ POLICY = WatchPolicy(stale_after=30, silence_bound=6, backoff_initial=0.05, back
 
 
 @pytest.fixture
-def view(apiserver: ApiServer) -> Iterator[KubernetesPodView]:
+def view(apiserver: ApiServer) -> Iterator[PodInformer]:
     """The agent's pod view of ``node-a``, paging its list two pods at a time."""
-    pod_view = KubernetesPodView(
+    pod_view = kube_pod_view(
         node_name=NODE,
         api_client=apiserver.client("capwatch-agent/node-a"),
         clock=SystemClock(),
@@ -41,7 +41,7 @@ def view(apiserver: ApiServer) -> Iterator[KubernetesPodView]:
 
 
 def test_the_agents_pod_view_lists_then_follows_its_node(
-    apiserver: ApiServer, view: KubernetesPodView
+    apiserver: ApiServer, view: PodInformer
 ) -> None:
     """The pod view's paged LIST of its node's pods (three pages of two) and its WATCH
     from the list's resourceVersion: pods added, annotated, bound onto the node and

@@ -1,4 +1,4 @@
-"""KubernetesPodView in normal operation: list, watch, bookmarks, steady state.
+"""The Kubernetes pod view in normal operation: list, watch, bookmarks, steady state.
 
 The real ``kubernetes`` client talks HTTP to the fake API server; nothing is mocked.
 """
@@ -92,6 +92,27 @@ def test_watch_events_are_applied_to_the_cache(
         before.pods["x"] = before.pods[next(iter(before.pods))]  # type: ignore[index]
     assert kube_apiserver.count("list") == 1
     assert view.stats().watch_events == 3
+
+
+def test_a_pod_newly_bound_here_nudges_the_agent_and_a_change_does_not(
+    kube_apiserver: FakeKubeApiServer, make_view: ViewFactory
+) -> None:
+    """on_new_pod (the agent's nudge toward an early cycle, so a new pod's cap is in place
+    before its first process) hears of the initial list's pods and of each pod that
+    arrives later, not of changes to pods it holds nor of deletions."""
+    kube_apiserver.add_pod("ns", "first", node=NODE)
+    told: list[str] = []
+    view = make_view(on_new_pod=lambda: told.append("new"))
+    wait_watching(kube_apiserver, view)
+    assert told == ["new"]
+    kube_apiserver.update_pod("ns", "first", annotations={"w": "300"})
+    kube_apiserver.add_pod("ns", "second", node=NODE)
+    kube_apiserver.delete_pod("ns", "first")
+    wait_until(
+        lambda: view.snapshot().resource_version == str(kube_apiserver.resource_version),
+        what="watch catching up",
+    )
+    assert told == ["new", "new"]
 
 
 def test_pods_on_other_nodes_never_appear(

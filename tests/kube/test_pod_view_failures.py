@@ -1,4 +1,4 @@
-"""KubernetesPodView under failure: 410 Gone, 429/500, broken or dead watches,
+"""The Kubernetes pod view under failure: 410 Gone, 429/500, broken or dead watches,
 staleness, recovery, and shutdown. Real client, fake API server, real sockets."""
 
 from __future__ import annotations

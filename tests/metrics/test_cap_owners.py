@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
+from agent.claims import ClaimRef
 from agent.pods import PodRef
-from agent.reports import GpuResult, Outcome, Reason
+from agent.reports import CapSource, GpuResult, Outcome, Reason
 from server.metrics.cycle_metrics import GpuCaps, next_caps
 from tests.metrics.churn import churn
 from tests.metrics.conftest import Followed
@@ -47,8 +48,32 @@ async def test_one_owner_is_named_on_both_gauges(followed: Followed):
             "uuid": UUIDS[0],
             "namespace": POD.namespace,
             "pod": POD.name,
+            "source": "annotation",
+            "claim": "",
         }
         assert (found[name]["1"]["namespace"], found[name]["1"]["pod"]) == ("", "")
+        assert (found[name]["1"]["source"], found[name]["1"]["claim"]) == ("", "")
+
+
+@pytest.mark.asyncio
+async def test_a_claims_cap_is_labelled_with_its_source_and_claims(followed: Followed):
+    """A cap asked on ResourceClaims says so on both gauges (source claim, the claims by
+    namespace/name), and a failed step after it keeps the source of the cap in force."""
+    claimed = dataclasses.replace(
+        ok(0, 450),
+        cap_source=CapSource.CLAIM,
+        claims=(ClaimRef(namespace="ml", name="a"), ClaimRef(namespace="ml", name="b")),
+    )
+    followed.harness.publish([claimed, idle(1), idle(2)])
+    found = await gauges(followed)
+    for name in CAP_GAUGES:
+        assert (found[name]["0"]["source"], found[name]["0"]["claim"]) == ("claim", "ml/a,ml/b")
+    followed.harness.publish([failed(0), idle(1), idle(2)])
+    found = await gauges(followed)
+    assert (found[CAP_GAUGES[1]]["0"]["source"], found[CAP_GAUGES[1]]["0"]["claim"]) == (
+        "claim",
+        "ml/a,ml/b",
+    )
 
 
 @pytest.mark.asyncio

@@ -141,7 +141,8 @@ def restore_logging() -> Iterator[None]:
 
 @pytest.mark.usefixtures("restore_logging")
 def test_metrics_port_in_use_is_fatal_at_start(tmp_path: Path, capsys):
-    """A metrics port that cannot be bound stops the start: exit 1, one line, nothing left."""
+    """A metrics port that cannot be bound stops the start: exit 1, one line naming the
+    flag, nothing left."""
     state = tmp_path / "state"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -166,8 +167,8 @@ def test_metrics_port_in_use_is_fatal_at_start(tmp_path: Path, capsys):
     assert code == 1
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == (
-        f"capwatch agent: cannot start: cannot serve metrics on 127.0.0.1:{port}: "
-        "Address already in use"
+        f"capwatch agent: cannot start: --metrics-port: cannot serve metrics on "
+        f"127.0.0.1:{port}: address already in use"
     )
     assert not (tmp_path / "agent.sock").exists()  # the gRPC server bound it, then let go
     record = state / "ownership.json"

@@ -105,7 +105,10 @@ async def test_every_known_series_exists_at_zero_before_any_cycle(followed: Foll
     for name in ("capwatch_gpu_resolved_cap_watts", "capwatch_gpu_applied_cap_watts"):
         gauges = series_of(found, name)
         assert set(gauges) == {
-            frozenset({("gpu", str(i)), ("uuid", u), ("namespace", ""), ("pod", "")})
+            frozenset(
+                {("gpu", str(i)), ("uuid", u), ("namespace", ""), ("pod", "")}
+                | {("source", ""), ("claim", "")}
+            )
             for i, u in enumerate(UUIDS)
         }
         assert all(math.isnan(v) for v in gauges.values())
@@ -238,7 +241,14 @@ async def test_a_gpu_first_seen_later_gets_its_series_at_zero(followed: Followed
     assert value(found, "capwatch_apply_failures_total", gpu="7", reason="write_failed") == 0.0
     assert value(found, "capwatch_gpu_errors_total", gpu="7", error_class="timeout") == 0.0
     applied = value(
-        found, "capwatch_gpu_applied_cap_watts", gpu="7", uuid="GPU-77", namespace="", pod=""
+        found,
+        "capwatch_gpu_applied_cap_watts",
+        gpu="7",
+        uuid="GPU-77",
+        namespace="",
+        pod="",
+        source="",
+        claim="",
     )
     assert math.isnan(applied)
 

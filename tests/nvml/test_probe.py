@@ -95,13 +95,35 @@ def test_the_command_prints_json_a_node_can_keep(tmp_path: Path, fake_nvml_libra
 
 
 def test_no_nvml_is_exit_1_with_one_line(tmp_path: Path, fake_nvml_library: Path) -> None:
-    """When NVML cannot start, the probe says so in one line and exits 1."""
+    """When NVML cannot start, the probe says so in one line and exits 1, the NVML code
+    once."""
     done = _command(
         tmp_path, FakeConfig(init_error="NVML_ERROR_DRIVER_NOT_LOADED"), "--events-for", "0"
     )
     assert done.returncode == 1
-    assert done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("capwatch probe: cannot start: NVML initialisation failed")
+    assert done.stderr == (
+        "capwatch probe: cannot start: NVML initialisation failed: "
+        "error_class=driver_not_loaded Driver Not Loaded (code=9)\n"
+    )
+
+
+def test_the_command_prints_plain_text_by_default(tmp_path: Path, fake_nvml_library: Path) -> None:
+    """Without --json: the power limits as "min .. mW, max .. mW, default .. mW" and each
+    reading plainly, no Python dict, list or True/False."""
+    config = FakeConfig(devices=(FakeDevice(uuid="GPU-probe-0", power_draw_milliwatts=99_000),))
+    done = _command(tmp_path, config, "--events-for", "0")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:4] == [
+        "GPUs: 1",
+        "GPU 0  GPU-probe-0",
+        "  power limits: min 100000 mW, max 400000 mW, default 300000 mW",
+        "  compute processes: 0",
+    ]
+    assert "  power_draw_milliwatts: 99000" in lines
+    assert "  throttle_reasons: none" in lines
+    assert "  lost: false" in lines
+    assert not any(mark in done.stdout for mark in ("{", "[", "True", "False")), done.stdout
 
 
 @pytest.mark.parametrize("value", ["-1", "soon", "7200"])

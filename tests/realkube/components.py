@@ -14,7 +14,8 @@ DaemonSet's pod labels, Running with a loopback podIP) and each controller repli
 StatefulSet pod (its token is bound to it, so its Lease identity <pod>_<uid> is what
 the chart's fencing policy can check) are made as admin, as the kubelet and the
 controllers would. Everything a scene made outside its namespace (Nodes, cluster RBAC,
-fencing policies, Node Events) is deleted when it closes.
+fencing policies, Node Events, and what a test lists in :attr:`Scene.paths`) is deleted
+when it closes.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ class Scene:
     processes: Processes
     loopback: Loopback = field(default_factory=Loopback)
     nodes: list[str] = field(default_factory=list)
+    # Other cluster-scoped objects a test made (ResourceSlices, say), by API path.
+    paths: list[str] = field(default_factory=list)
     installed: list[dict[str, Any]] = field(default_factory=list)
     tokens: dict[int, str] = field(default_factory=dict)  # each replica's, by ordinal
     pools: dict[int, Process] = field(default_factory=dict)  # by loopback address
@@ -139,6 +142,8 @@ class Scene:
 
     def close(self) -> None:
         self.processes.close()
+        for path in self.paths:
+            self.delete(path)
         for node in self.nodes:
             self.delete(f"/api/v1/nodes/{node}")
             selector = f"involvedObject.kind=Node,involvedObject.name={node}"

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.kube.client import KubernetesPodView, api_client_from_environment
+from agent.kube.client import KubernetesPodRequests, api_client_from_environment
 from agent.kube.informer import WatchPolicy
+from agent.kube.podview import PodInformer
 from agent.pods import PodSnapshot
 from kit.clock import SystemClock
 from kit.errors import PodViewError
@@ -39,7 +40,7 @@ NAMESPACED = ("--set", "rbac.namespaced=true")
 
 
 @contextmanager
-def _view(scene: Scene, node: str) -> Iterator[tuple[KubernetesPodView, str]]:
+def _view(scene: Scene, node: str) -> Iterator[tuple[PodInformer, str]]:
     """The pod view of ``node`` as the agent builds it: its ServiceAccount's token bound
     to its pod there, the namespace the DaemonSet's --pod-namespace names (none: all);
     and that agent pod's ``namespace/name`` (a pod on the node like any other)."""
@@ -50,10 +51,11 @@ def _view(scene: Scene, node: str) -> Iterator[tuple[KubernetesPodView, str]]:
     args = scene.release.container("DaemonSet", "agent")["args"]
     namespaces = [a.split("=", 1)[1] for a in args if a.startswith("--pod-namespace=")]
     client = api_client_from_environment(str(config))
-    view = KubernetesPodView(
+    view = PodInformer(
         node_name=node,
-        api_client=client,
-        namespace=namespaces[0] if namespaces else None,
+        requests=KubernetesPodRequests(
+            client, node_name=node, namespace=namespaces[0] if namespaces else None
+        ),
         clock=SystemClock(),
         policy=WatchPolicy(stale_after=5.0, silence_bound=SILENCE_S),
     )
@@ -65,19 +67,19 @@ def _view(scene: Scene, node: str) -> Iterator[tuple[KubernetesPodView, str]]:
         client.close()
 
 
-def _synced(view: KubernetesPodView) -> PodSnapshot | None:
+def _synced(view: PodInformer) -> PodSnapshot | None:
     try:
         return view.snapshot()
     except PodViewError:
         return None
 
 
-def _names(view: KubernetesPodView) -> set[str] | None:
+def _names(view: PodInformer) -> set[str] | None:
     snapshot = _synced(view)
     return None if snapshot is None else {str(p.ref) for p in snapshot.pods.values()}
 
 
-def _wait_names(view: KubernetesPodView, expected: set[str]) -> None:
+def _wait_names(view: PodInformer, expected: set[str]) -> None:
     wait_until(lambda: _names(view) == expected, what=f"pods {expected} (now {_names(view)})")
 
 

@@ -6,8 +6,10 @@ TokenRequest token of its own ServiceAccount, never as admin, and the audit log 
 what it called and what the authorizer answered.
 
 - **Sufficient**: with exactly the rendered rules each component does its whole job
-  (the agent caps and posts Events; the controller leads, writes the condition, posts
-  an Event; the cleanup hook removes the condition) and no call of it is refused.
+  (the agent caps as a pod's annotation asks and as a DRA ResourceClaim asks, the claim
+  allocated by the real kube-scheduler from the node's ResourceSlice, and posts Events;
+  the controller leads, writes the condition, posts an Event; the cleanup hook removes
+  the condition) and no call of it is refused.
 - **Tight**: every single grant (verb x resource of each rule) is used by some call.
 - **Necessary**: each used grant taken away in turn (its rule split, everything else
   kept), some real call of the component gets 403 for exactly that verb and resource.
@@ -26,7 +28,7 @@ import pytest
 
 from tests.chart.support import Helm
 from tests.controller.e2e.processes import START_S, wait_until
-from tests.realkube.agentrun import CAP_W, AgentRun, start_agent
+from tests.realkube.agentrun import CAP_W, CLAIM_W, AgentRun, start_agent
 from tests.realkube.audit import AuditLog, Call, audited_plane
 from tests.realkube.chart import Grant, apply, wait_authorized
 from tests.realkube.components import Scene, open_scene, unique
@@ -36,14 +38,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 GRACE_S = 1.5  # after a component has done everything else: time for a late 403
 NEW_CAP_W = CAP_W + 20
+NAMESPACED = ("--set", "rbac.namespaced=true")
+VARIANTS = pytest.mark.parametrize("values", [(), NAMESPACED], ids=["cluster", "namespaced"])
 
 
 @pytest.fixture(scope="module")
 def plane(
     realkube_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControlPlane]:
-    """A control plane of this module's own, auditing every request."""
+    """A control plane of this module's own, auditing every request, with kube-scheduler
+    (its DRA plugin allocates the agent's claims)."""
     with audited_plane(tmp_path_factory.mktemp("audited"), realkube_binaries) as started:
+        started.start_scheduler()
         yield started
 
 
@@ -235,13 +241,14 @@ def test_each_cleanup_grant_is_needed(
 def _agent_round(
     scene: Scene, audit: AuditLog, removed: Grant | None = None
 ) -> tuple[AgentRun, list[Call]]:
-    """The agent of a fresh node, capping one workload pod: ends once it has listed the
-    pods, written the cap, posted its Event, written the new cap a re-annotation asked
-    for (the watch brings it), cycled ten times more and renewed its watch at least once;
-    or once ``removed`` was refused."""
+    """The agent of a fresh node, capping one workload pod by its annotation and one GPU
+    by the ResourceClaim the scheduler allocated it: ends once it has listed the pods,
+    claims and slices, written both caps, posted its Event, written the new cap a
+    re-annotation asked for (the watch brings it), cycled ten times more and renewed a
+    watch at least once; or once ``removed`` was refused."""
     user = scene.release.user("agent")
     mark = audit.mark()
-    run = start_agent(scene)
+    run = start_agent(scene, claim=True)
     done_at: list[int] = []
 
     def finished() -> bool:
@@ -252,13 +259,15 @@ def _agent_round(
             return True
         if CAP_W * 1000 not in run.writes() or not run.events():
             return False
+        if CLAIM_W * 1000 not in run.claim_writes():
+            return False
         if not done_at:
             run.annotate(NEW_CAP_W)
             done_at.append(len(run.cycles()))
         if NEW_CAP_W * 1000 not in run.writes():
             return False
         watches = [c for c in calls if c.verb == "watch" and c.code < 400]
-        return len(run.cycles()) >= done_at[0] + 10 and len(watches) >= 2
+        return len(run.cycles()) >= done_at[0] + 10 and len(watches) >= 4
 
     try:
         wait_until(finished, timeout=START_S, what=f"the agent's job (without {removed})")
@@ -270,9 +279,7 @@ def _agent_round(
 
 
 @pytest.mark.nvml
-@pytest.mark.parametrize(
-    "values", [(), ("--set", "rbac.namespaced=true")], ids=["cluster", "namespaced"]
-)
+@VARIANTS
 def test_agent_does_its_job_with_exactly_the_rendered_rbac(
     plane: ControlPlane,
     helm: Helm,
@@ -282,10 +289,12 @@ def test_agent_does_its_job_with_exactly_the_rendered_rbac(
     values: tuple[str, ...],
 ) -> None:
     """As the agent's ServiceAccount (its token bound to its pod) under the rendered
-    ClusterRole, or the Role of rbac.namespaced: the agent lists the pods on its node once,
-    then only watches them, caps the workload's GPU as its annotation asks (and as it
-    asks again, through the watch), posts the Event on the workload pod, and no call of
-    it is refused."""
+    ClusterRole, or the Role of rbac.namespaced (and its ClusterRole for ResourceSlices,
+    which are cluster-scoped): the agent lists the pods on its node, the ResourceClaims
+    and its node's ResourceSlices once each, then only watches them, caps the workload's
+    GPU as its annotation asks (and as it asks again, through the watch) and the claimed
+    GPU, which no process uses, as its claim asks, posts the Event on the workload pod,
+    and no call of it is refused."""
     with _scene(plane, helm, tmp_path, "agent", values=values) as scene:
         run, calls = _agent_round(scene, audit)
         grants = scene.release.grants("agent")
@@ -295,36 +304,52 @@ def test_agent_does_its_job_with_exactly_the_rendered_rbac(
     writes = run.writes()  # the last one is the default restored at SIGTERM
     assert CAP_W * 1000 in writes
     assert writes.index(NEW_CAP_W * 1000) > writes.index(CAP_W * 1000)
+    assert run.claim_writes()[0] == CLAIM_W * 1000
     # One Event per thing said: the first cap, then the new one.
     assert [(e["type"], e["reason"]) for e in events] == [("Normal", "PowerCapApplied")] * 2
     assert sum(f"{NEW_CAP_W} W" in e["message"] for e in events) == 1, events
-    lists = [c for c in calls if c.verb == "list"]
+    lists = sorted(c.resource for c in calls if c.verb == "list")
     watches = [c for c in calls if c.verb == "watch"]
-    assert len(lists) == 1, [str(c) for c in calls]  # no LIST per cycle, nor per watch
-    assert len(watches) >= 2
+    # No LIST per cycle, nor per watch: one of each kind in all.
+    assert lists == ["pods", "resourceclaims", "resourceslices"], [str(c) for c in calls]
+    assert len(watches) >= 4
     assert run.enforced_cycles() >= 10
 
 
 @pytest.mark.nvml
+@VARIANTS
 def test_agent_uses_every_rendered_grant(
-    plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog, fake_nvml_library: Path
+    plane: ControlPlane,
+    helm: Helm,
+    tmp_path: Path,
+    audit: AuditLog,
+    fake_nvml_library: Path,
+    values: tuple[str, ...],
 ) -> None:
-    """Every single grant of the agent's rendered ClusterRole is used by some call of the
-    agent's whole job: the chart grants it nothing it does not do."""
-    with _scene(plane, helm, tmp_path, "agent") as scene:
+    """Every single grant of the agent's rendered ClusterRole (or, with rbac.namespaced, of
+    its Role and its ResourceSlice ClusterRole) is used by some call of the agent's whole
+    job: the chart grants it nothing it does not do."""
+    with _scene(plane, helm, tmp_path, "agent", values=values) as scene:
         _, calls = _agent_round(scene, audit)
         grants = scene.release.grants("agent")
     assert [str(g) for g in grants if g not in _used(calls, grants)] == []
 
 
 @pytest.mark.nvml
+@VARIANTS
 def test_each_agent_grant_it_uses_is_needed(
-    plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog, fake_nvml_library: Path
+    plane: ControlPlane,
+    helm: Helm,
+    tmp_path: Path,
+    audit: AuditLog,
+    fake_nvml_library: Path,
+    values: tuple[str, ...],
 ) -> None:
-    """Each grant the agent's whole job was seen to use (list and watch of pods, create of
-    events, as the audit says, not as written here), taken away in turn: some real call of
-    the agent gets 403 for exactly that grant."""
-    with _scene(plane, helm, tmp_path, "agent") as scene:
+    """Each grant the agent's whole job was seen to use (list and watch of pods, of
+    resourceclaims and of resourceslices, create of events, as the audit says, not as
+    written here), taken away in turn, under the ClusterRole and under rbac.namespaced's
+    two roles: some real call of the agent gets 403 for exactly that grant."""
+    with _scene(plane, helm, tmp_path, "agent", values=values) as scene:
         _, calls = _agent_round(scene, audit)
         used = _used(calls, scene.release.grants("agent"))
         assert used, "the agent used none of its grants"

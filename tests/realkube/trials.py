@@ -9,21 +9,32 @@ by a replica that no longer holds the Lease: the audit log says, for each, wheth
 the API server admitted it. Afterwards every node's condition must be what the new
 leader wrote (nothing stale from the old one left on top).
 
+What left the old leader after its deadline: every write of the old leader's that
+the API server received after the thaw left the process after it resumed, so after
+the takeover, and the takeover comes after every deadline the old leader's writes
+carried (the standby takes over lease duration after it saw the last renewal; a
+write's deadline is at most renew deadline after that renewal began). The old
+leader's own metrics count the writes it dropped instead (``expired``: not sent).
+
 Used by tests/realkube/test_fencing_trials.py (a few trials) and bench/fencing.py (20
 with the policy and 20 without, and the policy's window after a takeover).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import signal
+import socket
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.controller.e2e.processes import Process, wait_until
@@ -99,6 +110,22 @@ class Trial:
     refused_after: int
     stale: int
     took_over_s: float  # from the freeze to the standby's winning Lease write
+    # The old leader's writes received after its thaw: each left the process after its
+    # deadline (the module docstring).
+    left_after_deadline: int = 0
+    # Of those, the ones the API server applied (2xx): a request whose headers left
+    # late but whose body the deadline check withheld is answered 5xx, applied nowhere.
+    applied_after_deadline: int = 0
+    # Received between the freeze and the thaw: on the wire when the process stopped.
+    in_flight_at_freeze: int = 0
+    # Writes (condition patches and Events) the old leader did not send because their
+    # deadline had passed, by its metrics (None: not read).
+    dropped: int | None = None
+    # What each write that left after its deadline was: verb, resource, answer, and when
+    # it was received after the thaw.
+    late: tuple[str, ...] = ()
+    # The conditions the stale nodes carried, and how many of each.
+    stale_seen: tuple[str, ...] = ()
 
 
 @dataclass
@@ -137,6 +164,13 @@ class Pair:
         want = self.expected()
         return sum(1 for node in self.nodes if self._key(node) != want)
 
+    def stale_seen(self) -> tuple[str, ...]:
+        want = self.expected()
+        found = collections.Counter(
+            str(key) for node in self.nodes if (key := self._key(node)) != want
+        )
+        return tuple(f"{key} x{count}" for key, count in sorted(found.items()))
+
     def _key(self, node: str) -> tuple[str, str] | None:
         found = self.scene.condition(node)
         return None if found is None else (found["status"], found["reason"])
@@ -156,6 +190,7 @@ class Pair:
         mark = self.audit.stat().st_size
         self.toggle_pool()
         process = self.replicas[leader]
+        dropped_before = expired_writes(process)
 
         def first_write() -> bool:
             return any(c.write and c.pod == old for c in audited(self.audit, mark, user))
@@ -163,6 +198,7 @@ class Pair:
         wait_until(first_write, timeout=30, what="the leader's first write of the burst")
         os.kill(process.popen.pid, signal.SIGSTOP)
         frozen = time.monotonic()
+        frozen_at = datetime.now(UTC)
         try:
             wait_until(
                 lambda: self.scene.holder().startswith(f"{new}_"), timeout=60, what="takeover"
@@ -170,9 +206,12 @@ class Pair:
             took_over = time.monotonic() - frozen
             time.sleep(settle_s)  # the new leader writes the burst
         finally:
+            resumed_at = datetime.now(UTC)  # before the signal: nothing of its is later
             os.kill(process.popen.pid, signal.SIGCONT)
         time.sleep(settle_s)  # what the old leader had queued or in flight lands, or not
+        dropped_after = expired_writes(process)
         stale = self.stale()  # before the new leader corrects what it sees on its watch
+        stale_seen = self.stale_seen() if stale else ()
         self.wait_settled()
         calls = audited(self.audit, mark, user)
         taken = min(
@@ -181,6 +220,8 @@ class Pair:
             if c.pod == new and c.resource == "leases" and c.verb == "update" and c.admitted
         )
         late = [c for c in calls if c.pod == old and c.write and c.received > taken]
+        writes = [c for c in calls if c.pod == old and c.write]
+        sent_late = [c for c in writes if c.received > resumed_at]
         return Trial(
             fenced=fenced,
             leader=old,
@@ -188,7 +229,46 @@ class Pair:
             refused_after=sum(1 for c in late if c.code == 403),
             stale=stale,
             took_over_s=took_over,
+            left_after_deadline=len(sent_late),
+            applied_after_deadline=sum(1 for c in sent_late if 200 <= c.code < 300),
+            in_flight_at_freeze=sum(1 for c in writes if frozen_at < c.received <= resumed_at),
+            dropped=None
+            if dropped_before is None or dropped_after is None
+            else dropped_after - dropped_before,
+            late=tuple(
+                f"{c.verb} {c.resource}{'/' + c.subresource if c.subresource else ''} "
+                f"-> {c.code}, received {(c.received - resumed_at).total_seconds():.3f}s "
+                f"after the thaw, answered {(c.done - c.received).total_seconds():.3f}s later"
+                for c in sent_late
+            ),
+            stale_seen=stale_seen,
         )
+
+
+EXPIRED = re.compile(
+    r'^capwatch_controller_(?:condition_writes|events)_total\{result="expired"\} (\S+)$', re.M
+)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def expired_writes(process: Process) -> int | None:
+    """Condition writes and Events ``process`` dropped because their deadline had passed
+    (its metrics; None when they cannot be read)."""
+    found = re.search(r"metrics serving address=(\S+)", process.log)
+    if found is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{found[1]}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    return int(sum(float(v) for v in EXPIRED.findall(text)))
 
 
 @contextmanager
@@ -202,7 +282,11 @@ def started_pair(scene: Scene, audit: Path, *, nodes: int, heartbeat_s: float) -
         scene.agent_pod(name, scene.loopback.ip(1))
     scene.pool(prefix, nodes)
     scene.wait_cycled(names)
-    replicas = {r: scene.controller(r, heartbeat_s=heartbeat_s) for r in (0, 1)}
+    # Metrics on a port of their own (the scene's default has none): what each dropped.
+    replicas = {
+        r: scene.controller(r, f"--metrics-port={free_port()}", heartbeat_s=heartbeat_s)
+        for r in (0, 1)
+    }
     pair = Pair(scene=scene, audit=audit, nodes=names, replicas=replicas)
     pair.wait_settled()
     yield pair

@@ -1,4 +1,4 @@
-"""Stream slots: the unix socket's reserve and the limit per TCP address (server/grpc/admission.py).
+"""Stream slots: the unix socket's reserve and the limit per TCP address (server/admission.py).
 
 The rules as a table over :class:`Admission`, then the lock-out they prevent,
 over real listeners: one TCP client opening streams until refused leaves the
@@ -19,7 +19,7 @@ from api.gen.capwatch.v1 import node_health_pb2 as pb
 from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from api.gen.v1 import dra_health_pb2 as dra_pb
 from api.gen.v1 import dra_health_pb2_grpc as dra_grpc
-from server.grpc.admission import (
+from server.admission import (
     Admission,
     Refusal,
     RefusalReason,

@@ -20,6 +20,7 @@ from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from kit.errors import ConfigError
 from server.listeners import ServeError
 from server.settings import server_settings
+from tests.pem import write_certificate, write_key
 from tests.server.harness import NODE, running, settings_for, start_harness
 
 
@@ -221,11 +222,13 @@ def test_bad_server_flags_raise_config_error_naming_the_flag(
 
 @pytest.fixture
 def pem_files(tmp_path: Path) -> dict[str, str]:
-    """Paths that exist (contents do not matter to validation) and one that does not."""
-    paths = {}
-    for name in ("cert", "key", "ca"):
-        (tmp_path / f"{name}.pem").write_text("PEM")
-        paths[name] = str(tmp_path / f"{name}.pem")
+    """A certificate, its key and a CA that load (the settings load them as grpc will),
+    and a path that does not exist."""
+    paths = {
+        "cert": str(write_certificate(tmp_path / "cert.pem")),
+        "key": str(write_key(tmp_path / "key.pem")),
+        "ca": str(write_certificate(tmp_path / "ca.pem")),
+    }
     paths["missing"] = str(tmp_path / "missing.pem")
     return paths
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -24,6 +24,7 @@ from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from server import certificates
 from server.certificates import Reloads
 from server.listeners import ServeError
+from server.settings import TlsFiles
 from tests.server.harness import NODE, ServerHarness, running, settings_for
 
 pytestmark = pytest.mark.asyncio
@@ -359,11 +360,17 @@ async def test_a_deleted_secret_leaves_the_certificate_in_service(
 async def test_unusable_tls_files_fail_the_start(
     pki: Pki, cert: str, key: str, client_ca: str | None, why: str
 ) -> None:
-    """At start-up the checks that keep a bad renewal out fail the start, naming the files."""
-    extra = {"grpc_tls_cert": pki.path(cert), "grpc_tls_key": pki.path(key)}
-    if client_ca:
-        extra["grpc_tls_client_ca"] = pki.path(client_ca)
-    settings = settings_for("127.0.0.1:0", extra=extra)
+    """At start-up the checks that keep a bad renewal out fail the start, naming the files
+    (the settings refuse such files first, tests/test_tls_files.py; these are files that
+    went bad after that)."""
+    settings = replace(
+        settings_for("127.0.0.1:0"),
+        tls=TlsFiles(
+            cert=Path(pki.path(cert)),
+            key=Path(pki.path(key)),
+            client_ca=Path(pki.path(client_ca)) if client_ca else None,
+        ),
+    )
     harness = None
     with pytest.raises(ServeError, match=rf"cannot listen on 127\.0\.0\.1:0: .*{why}"):
         async with running(settings=settings) as harness:

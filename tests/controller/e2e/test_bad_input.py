@@ -159,6 +159,10 @@ INVALID = {
         "need retry period < renew deadline < lease duration",
     ),
     "--renew-deadline": (["--renew-deadline", "-1"], "--renew-deadline"),
+    "--retry-period": (
+        ["--lease-duration", "0.003", "--renew-deadline", "0.002", "--retry-period", "0.001"],
+        "must be at least 0.1 s",
+    ),
     "--agent-port": (["--agent-port", "70000"], "--agent-port"),
     "--namespace": (["--kubeconfig", "/dev/null"], "required (set POD_NAMESPACE) unless --dry-run"),
     "--dry-run": (["--dry-run"], "needs --targets"),
@@ -180,8 +184,6 @@ def test_invalid_flags_exit_2_with_one_line_naming_the_flag(tmp_path: Path) -> N
     for flag, (code, out, err) in _run_all(commands, tmp_path).items():
         assert (code, out) == (2, ""), (flag, code, out, err)
         assert len(err.splitlines()) == 1, (flag, err)
-        # argparse's own errors (an unknown flag) come from the top-level parser.
-        prog = "capwatch" if flag == "--bogus" else "capwatch controller"
-        assert err.startswith(f"{prog}: error: "), (flag, err)
+        assert err.startswith("capwatch controller: error: "), (flag, err)
         assert flag in err, (flag, err)
         assert INVALID[flag][1] in err, (flag, err)

@@ -130,6 +130,8 @@ class _CapSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CapSource.V
     CAP_SOURCE_ANNOTATION: _CapSource.ValueType  # 1
     CAP_SOURCE_AGREED: _CapSource.ValueType  # 2
     CAP_SOURCE_SAFE_DEFAULT: _CapSource.ValueType  # 3
+    CAP_SOURCE_CLAIM: _CapSource.ValueType  # 4
+    """The device's DRA ResourceClaim asked for it (a capwatch.io opaque config)."""
 
 class CapSource(_CapSource, metaclass=_CapSourceEnumTypeWrapper): ...
 
@@ -137,6 +139,8 @@ CAP_SOURCE_UNSPECIFIED: CapSource.ValueType  # 0
 CAP_SOURCE_ANNOTATION: CapSource.ValueType  # 1
 CAP_SOURCE_AGREED: CapSource.ValueType  # 2
 CAP_SOURCE_SAFE_DEFAULT: CapSource.ValueType  # 3
+CAP_SOURCE_CLAIM: CapSource.ValueType  # 4
+"""The device's DRA ResourceClaim asked for it (a capwatch.io opaque config)."""
 Global___CapSource: _TypeAlias = CapSource  # noqa: Y015
 
 class _SafeDefaultCause:
@@ -470,7 +474,9 @@ class CycleFailure(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
-    """Stable code: device_count_failed, pod_view_not_synced, internal_error."""
+    """Stable code: device_count_failed, pod_view_not_synced, internal_error,
+    state_unwritable, claim_device_unmapped.
+    """
     message: _builtins.str
     def __init__(
         self,
@@ -577,6 +583,33 @@ class PodRef(_message.Message):
 Global___PodRef: _TypeAlias = PodRef  # noqa: Y015
 
 @_typing.final
+class ClaimRef(_message.Message):
+    """ClaimRef names a DRA ResourceClaim."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    UID_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    name: _builtins.str
+    uid: _builtins.str
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        name: _builtins.str = ...,
+        uid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "namespace", b"namespace", "uid", b"uid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimRef: _TypeAlias = ClaimRef  # noqa: Y015
+
+@_typing.final
 class DeviceStatus(_message.Message):
     """DeviceStatus is one GPU as of the latest cycle that reached it."""
 
@@ -603,6 +636,8 @@ class DeviceStatus(_message.Message):
     SEQUENCE_FIELD_NUMBER: _builtins.int
     FAULTS_FIELD_NUMBER: _builtins.int
     TELEMETRY_FIELD_NUMBER: _builtins.int
+    CLAIMS_FIELD_NUMBER: _builtins.int
+    DRA_POOL_NAME_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     dra_device_name: _builtins.str
@@ -624,6 +659,10 @@ class DeviceStatus(_message.Message):
     process_count: _builtins.int
     sequence: _builtins.int
     """Cycle that last reported on it."""
+    dra_pool_name: _builtins.str
+    """The pool the DRA resource-health mirrors use for this GPU (its driver's
+    ResourceSlice's, when the agent reads them).
+    """
     @_builtins.property
     def owners(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodRef]: ...
     @_builtins.property
@@ -642,6 +681,13 @@ class DeviceStatus(_message.Message):
     def telemetry(self) -> Global___DeviceTelemetry:
         """What the device read in that cycle; absent when the step could not
         identify the GPU.
+        """
+
+    @_builtins.property
+    def claims(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimRef]:
+        """The ResourceClaims allocated this GPU whose capwatch.io config decided its
+        cap (cap_source CLAIM, or the safe default for their invalid or disagreeing
+        parameters).
         """
 
     def __init__(
@@ -668,10 +714,12 @@ class DeviceStatus(_message.Message):
         sequence: _builtins.int = ...,
         faults: _abc.Iterable[Global___DeviceFault] | None = ...,
         telemetry: Global___DeviceTelemetry | None = ...,
+        claims: _abc.Iterable[Global___ClaimRef] | None = ...,
+        dra_pool_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "telemetry", b"telemetry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "cap_source", b"cap_source", "clamp_direction", b"clamp_direction", "dra_device_name", b"dra_device_name", "error_class", b"error_class", "faults", b"faults", "health", b"health", "index", b"index", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "message", b"message", "outcome", b"outcome", "owners", b"owners", "process_count", b"process_count", "reason", b"reason", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "safe_default_cause", b"safe_default_cause", "sequence", b"sequence", "telemetry", b"telemetry", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "cap_source", b"cap_source", "claims", b"claims", "clamp_direction", b"clamp_direction", "dra_device_name", b"dra_device_name", "dra_pool_name", b"dra_pool_name", "error_class", b"error_class", "faults", b"faults", "health", b"health", "index", b"index", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "message", b"message", "outcome", b"outcome", "owners", b"owners", "process_count", b"process_count", "reason", b"reason", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "safe_default_cause", b"safe_default_cause", "sequence", b"sequence", "telemetry", b"telemetry", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__applied_watts: _TypeAlias = _typing.Literal["applied_watts"]  # noqa: Y015
     _WhichOneofArgType__applied_watts: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts"]  # noqa: Y015

@@ -1,7 +1,9 @@
 """Who may open a stream: the subscriber limit, the local reserve, and a limit per address.
 
-Every Watch and NodeWatchResources stream holds one of ``max_subscribers``
-slots, whichever service and listener it came in on. The rules:
+Every Watch and NodeWatchResources stream of the agent holds one of
+``max_subscribers`` slots, whichever service and listener it came in on, and
+every Watch of the controller's cluster stream one of its own (generic server
+plumbing, like :mod:`server.listeners`, so both may use it). The rules:
 
 - A local peer (one on the unix socket: the readiness shim, and whatever
   else the socket's group lets in) may take any free slot.
@@ -16,7 +18,7 @@ slots, whichever service and listener it came in on. The rules:
 
 Loopback TCP (127.0.0.1, ::1) is a TCP peer like any other: only the socket's
 file mode says who is local. A refusal ends the call with RESOURCE_EXHAUSTED
-and a message naming the limit; the counts are metrics
+and a message naming the limit; the agent's counts are metrics
 (``capwatch_stream_refusals_total``).
 """
 

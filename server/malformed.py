@@ -4,12 +4,14 @@ grpc parses a request before any servicer sees it. When the bytes do not
 parse, grpc.aio logs the DecodeError at ERROR with its traceback (seven lines)
 and answers UNKNOWN; a client sending garbage in a loop wrote 14,004 lines for
 2,000 requests. :class:`MalformedRequests`, an interceptor on the agent's
-server, gives every method of every service (capwatch.v1, the DRA mirrors,
-grpc health, reflection) a deserializer that returns a marker instead of
-raising, and ends a call that gets one with INVALID_ARGUMENT
-("malformed request: Error parsing message with type ..."). Each is counted
-(``capwatch_grpc_malformed_requests_total``) and logged as one line without a
-traceback, through the throttle in :mod:`kit.throttling`.
+server and on the controller's cluster stream (generic server plumbing, like
+:mod:`server.listeners`, so both may use it), gives every method of every
+service (capwatch.v1, the DRA mirrors, grpc health, reflection) a deserializer
+that returns a marker instead of raising, and ends a call that gets one with
+INVALID_ARGUMENT ("malformed request: Error parsing message with type ...").
+Each is counted (the agent's ``capwatch_grpc_malformed_requests_total``) and
+logged as one line without a traceback, through the throttle in
+:mod:`kit.throttling`.
 
 Failed TLS handshakes never reach Python: grpc core logs them, one line each
 at INFO, unless told otherwise before it loads (see :mod:`capwatch`).

@@ -1,0 +1,159 @@
+"""The simulated node's DRA claims: the scenario's claims and slices as the API server
+serves them, joined by the agent's own code.
+
+:func:`slice_objects` and :func:`claim_objects` build resource.k8s.io/v1 ResourceSlice
+and ResourceClaim dicts (the shape the real informer lists and watches) from a
+scenario (:mod:`agent.sim.scenario_claims`); :class:`SimClaimView` implements
+:class:`~agent.claims.ClaimView` over a :class:`~agent.sim.world.SimWorld` by
+passing the current cycle's objects to :func:`agent.claims.claims_snapshot`, so the
+simulator exercises the very join the real agent uses.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from agent.claims import DEFAULT_UUID_ATTRIBUTE, DRIVER, ClaimsSnapshot, claims_snapshot
+from agent.sim.scenario import Scenario
+from agent.sim.scenario_claims import ClaimSpec, SliceSpec, derived_slices
+from agent.sim.world import SimWorld
+from kit.errors import PodViewError
+
+API_VERSION = "resource.k8s.io/v1"
+
+
+def slices_of(scenario: Scenario) -> tuple[SliceSpec, ...]:
+    """The scenario's slices, or those derived from its GPUs when it gives none."""
+    if scenario.slices is not None:
+        return scenario.slices
+    return derived_slices([g.uuid for g in scenario.gpus])
+
+
+def slice_objects(scenario: Scenario, *, node: str) -> list[dict[str, Any]]:
+    """The node's ResourceSlices, one per scenario slice, as the API server serves them."""
+    out = []
+    for i, spec in enumerate(slices_of(scenario)):
+        owner = spec.node or node
+        pool = spec.pool or owner
+        devices = []
+        for j, device in enumerate(spec.devices):
+            attributes: dict[str, Any] = {"index": {"int": j}}
+            if device.uuid is not None:
+                attributes[spec.uuid_attribute] = {"string": device.uuid}
+            devices.append({"name": device.name, "attributes": attributes})
+        out.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{owner}-{spec.driver}-{i}", "uid": f"sim-slice-{i}"},
+                "spec": {
+                    "driver": spec.driver,
+                    "nodeName": owner,
+                    "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devices,
+                },
+            }
+        )
+    return out
+
+
+def claim_object(spec: ClaimSpec, *, node: str) -> dict[str, Any]:
+    """One allocated ResourceClaim: its request, the capwatch.io config (if it has one)
+    in its spec and again in its allocation, a result per device, and the pods it is
+    reserved for."""
+    top = spec.request.split("/", 1)[0]
+    config = []
+    if spec.cap is not None:
+        opaque = {"driver": DRIVER, "parameters": copy.deepcopy(spec.cap.value)}
+        config.append({"requests": [top], "opaque": opaque})
+    drivers = sorted({d.driver for d in spec.devices})
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": spec.namespace, "name": spec.name, "uid": spec.uid},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": top,
+                        "exactly": {
+                            "deviceClassName": drivers[0],
+                            "allocationMode": "ExactCount",
+                            "count": len(spec.devices),
+                        },
+                    }
+                ],
+                "config": copy.deepcopy(config),
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": spec.request,
+                            "driver": d.driver,
+                            "pool": d.pool or node,
+                            "device": d.device,
+                        }
+                        for d in spec.devices
+                    ],
+                    "config": [{"source": "FromClaim", **c} for c in config],
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [
+                {"resource": "pods", "name": pod.name, "uid": pod.uid} for pod in spec.reserved_for
+            ],
+        },
+    }
+
+
+def claim_objects(scenario: Scenario, *, cycle: int, node: str) -> list[dict[str, Any]]:
+    """The claims allocated in ``cycle`` (those whose ``cycles`` contain it)."""
+    return [claim_object(c, node=node) for c in scenario.claims if c.cycles.contains(cycle)]
+
+
+class SimClaimView:
+    """A :class:`~agent.claims.ClaimView` over a :class:`SimWorld`: the claims of the
+    current cycle joined with the node's slices by :func:`agent.claims.claims_snapshot`.
+
+    ``node`` is the agent's node name (the scenario's unless the agent is told
+    another): derived slices are its pool. ``uuid_attribute`` is the agent's
+    ``--dra-uuid-attribute``; a slice whose attribute is another leaves its devices
+    unmapped, as on a real node.
+    """
+
+    def __init__(
+        self, world: SimWorld, *, node: str, uuid_attribute: str = DEFAULT_UUID_ATTRIBUTE
+    ) -> None:
+        self._world = world
+        self._node = node
+        self._uuid_attribute = uuid_attribute
+        self._slices = slice_objects(world.scenario, node=node)
+        self._cached: tuple[int, ClaimsSnapshot] | None = None
+        self._closed = False
+
+    def snapshot(self) -> ClaimsSnapshot:
+        if self._closed:
+            raise PodViewError("simulated claim view is closed")
+        cycle = self._world.cycle
+        if self._cached is None or self._cached[0] != cycle:
+            claims = claim_objects(self._world.scenario, cycle=cycle, node=self._node)
+            joined = claims_snapshot(
+                claims, self._slices, node=self._node, uuid_attribute=self._uuid_attribute
+            )
+            self._cached = (cycle, joined)
+        return self._cached[1]
+
+    def close(self) -> None:
+        self._closed = True
