@@ -251,8 +251,6 @@ class Reconciler:
     ) -> GpuResult:
         """The GPU's step, then the device's own health after it."""
         result = self._step(index, snapshot, claims, seen)
-        if result.uuid is not None and (named := claims.names.get(result.uuid)) is not None:
-            result = replace(result, dra_device=named)
         # Read after the write: the enforced limit read back shows what took.
         readings = self._backend.readings(index) if result.uuid is not None else NO_READINGS
         faults = self._faults.observe(
@@ -262,8 +260,15 @@ class Reconciler:
             error_class=result.error_class,
             uuid_failed=result.reason is Reason.UUID_READ_FAILED,
         )
+        if result.uuid is None:
+            return replace(result, faults=faults, readings=None)
+        # One replace for everything added after the step: it costs about as much as
+        # the GPU's whole cap decision.
         return replace(
-            result, faults=faults, readings=readings if result.uuid is not None else None
+            result,
+            faults=faults,
+            readings=readings,
+            dra_device=claims.names.get(result.uuid, result.dra_device),
         )
 
     def _step(

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from agent.claims import NoClaims
 from agent.health.telemetry import EVENT_KEYS_LIMIT, DeviceEventKind, EventAccumulator
 from agent.pods import PodInfo, PodRef
 from agent.reconciling import Reconciler
@@ -156,7 +157,8 @@ def time_cycles(cycles: int) -> dict[str, list[float]]:
         for n, name in enumerate(fills):
             root = Path(tmp) / f"node-{n}"
             world = build_world(root / "proc")
-            nodes[name] = (world, reconciler_for(world, pods, root / "proc", root / "state"))
+            reconciler = reconciler_for(world, pods, NoClaims(), root / "proc", root / "state")
+            nodes[name] = (world, reconciler)
         for _ in range(20):  # warm-up: the first cycles claim the GPUs and write the record
             for _world, reconciler in nodes.values():
                 assert reconciler.reconcile_once().enforced

@@ -155,7 +155,9 @@ class ServerSide:
         )
 
     def _agent_loop(self, hub: Hub) -> AgentLoop:
-        # bench/cycle.py's node (8 GPUs, 110 pods, 64 processes), pods in memory.
+        # bench/cycle.py's node (8 GPUs, 110 pods, 64 processes), pods in memory, no
+        # claims: what a cycle costs the streams does not depend on where caps come from.
+        from agent.claims import NoClaims
         from bench.cycle import PODS, annotations, build_world, pod_uid, reconciler_for
         from tests.fakes.pods import StaticPodView
 
@@ -169,7 +171,7 @@ class ServerSide:
             for i in range(PODS)
         )
         return AgentLoop(
-            reconciler=reconciler_for(world, pods, root / "proc", root / "state"),
+            reconciler=reconciler_for(world, pods, NoClaims(), root / "proc", root / "state"),
             hub=hub,
             clock=self.clock,
             interval_s=INTERVAL_S,

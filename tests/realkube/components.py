@@ -210,7 +210,7 @@ class Scene:
 
     def agent_pod(self, node: str, ip: str) -> dict[str, Any]:
         """The agent pod of ``node`` (the DaemonSet's labels and account), Running at ``ip``."""
-        name = f"{self.release.name}-{uuid.uuid4().hex[:5]}"
+        name = f"{self.release.name}-{uuid.uuid4().hex[:10]}"  # 120 a trial: 5 hex collided
         labels, account = (
             self.release.pod_labels("DaemonSet"),
             self.release.service_account("agent"),
