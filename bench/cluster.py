@@ -39,7 +39,9 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 import argparse
 import asyncio
+import contextlib
 import json
+import socket
 import sys
 import tempfile
 import time
@@ -53,6 +55,7 @@ from agent.sim.poolspec import node_names
 from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
 from api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
 from bench.cluster_procs import (
+    MAX_NODES,
     PREFIX,
     Run,
     api_writes,
@@ -150,6 +153,13 @@ class Steady:
     writes_per_s: float
 
 
+def accepts(address: tuple[str, int]) -> bool:
+    """Whether something listens at ``address`` (a pool's listener is up)."""
+    with contextlib.suppress(OSError), socket.create_connection(address, timeout=1):
+        return True
+    return False
+
+
 async def start(run: Run) -> float:
     """The API server, the pools, then the controllers; returns when the pools were ready."""
     a = run.args
@@ -158,9 +168,15 @@ async def start(run: Run) -> float:
     kubeconfig(start_api(run), config)
     targets = start_pools(run)
     deadline = time.monotonic() + 120
-    while not all(t.exists() and t.read_text().count("\n") for t in targets):
-        if time.monotonic() > deadline or any(p.poll() is not None for p in run.procs):
-            raise SystemExit("the pools did not start")
+    while not all(t.exists() and t.read_text().count("\n") for t in targets) or not all(
+        accepts(probe) for probe in run.probes
+    ):
+        for k, proc in enumerate(run.procs):
+            if proc.poll() is not None:
+                lines = (run.work / f"pool-{k}.log").read_text(errors="replace").splitlines()
+                raise SystemExit(f"pool {k} exited: {lines[-1] if lines else 'no output'}")
+        if time.monotonic() > deadline:
+            raise SystemExit("the pools did not start within 120 s")
         await asyncio.sleep(0.2)
     ready = time.monotonic()
     merged = run.work / "targets.txt"
@@ -432,6 +448,8 @@ def main(*, description: str = __doc__ or "", nodes: int = 5000, fail_at: float 
         help="also write the figures here (bench/plot.py), beside those of other --shards",
     )
     args = parser.parse_args()
+    if not args.shared_addresses and args.nodes > MAX_NODES:
+        parser.error(f"--nodes {args.nodes}: one address per node holds {MAX_NODES} at most")
     SHAPE["label"] = shape(args)
     # Refused now, not after the run: a file that cannot take this run's figures.
     earlier = earlier_runs(args.json, args.nodes, args.shards)

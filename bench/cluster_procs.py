@@ -72,6 +72,8 @@ class Run:
     api: subprocess.Popen[str] | None = None
     controllers: list[Controller] = field(default_factory=list)
     transitions: list[Path] = field(default_factory=list)
+    # Per node: each pool's first and last address, listening once the pool is up.
+    probes: list[tuple[str, int]] = field(default_factory=list)
 
     def stop(self) -> None:
         for proc in [c.proc for c in self.controllers] + self.procs:
@@ -118,10 +120,17 @@ def api_writes(run: Run) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+# The nodes' pod networks: a /24 per node from 127.64.0.0/10 (as the KWOK cluster's,
+# tests/realkube/kwok_cluster.py), so 16,384 nodes at most.
+MAX_NODES = 64 * 256
+
+
 def node_address(index: int) -> str:
-    """Node ``index``'s own loopback address, as a pod IP would be: 127.16.0.1, 127.16.1.1,
-    ... (a /24 per node from 127.16.0.0/12, room for 4,096 x 256 nodes)."""
-    return f"127.{16 + index // 65_536}.{index // 256 % 256}.{index % 256 + 1}"
+    """Node ``index``'s own loopback address, the first of its /24 as a pod IP would be:
+    127.64.0.1, 127.64.1.1, ..., 127.64.255.1, 127.65.0.1, ..."""
+    if not 0 <= index < MAX_NODES:
+        raise ValueError(f"node index {index}: one address per node holds {MAX_NODES} nodes")
+    return f"127.{64 + index // 256}.{index % 256}.1"
 
 
 def start_pools(run: Run) -> list[Path]:
@@ -144,6 +153,7 @@ def start_pools(run: Run) -> list[Path]:
         else:
             names = node_names(count, prefix=PREFIX, first=first)
             addresses = [f"{node_address(first + i)}:{port}" for i in range(count)]
+            run.probes += [(node_address(first), port), (node_address(first + count - 1), port)]
             listen = [arg for address in addresses for arg in ("--grpc-listen", address)]
             out.write_text(
                 "".join(f"{n} {addr}\n" for n, addr in zip(names, addresses, strict=True))
