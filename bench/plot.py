@@ -53,6 +53,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
+from plot_values import BadFigures, get, listed, number, numbers
 
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 30, not 3 x 10^1
 # On a log axis, minor ticks labelled at 2, 3 and 5 of each decade only.
@@ -62,52 +63,9 @@ HERE = Path(__file__).resolve().parent
 CAPWATCH, BARE, TARGET = "tab:blue", "tab:gray", "tab:red"
 
 
-class BadFigures(Exception):
-    """A results file that cannot be drawn: its message is the one line printed."""
-
-
-def _get(figures: Any, *keys: str | int) -> Any:
-    found: Any = figures
-    for i, key in enumerate(keys):
-        ok = (isinstance(found, dict) and key in found) or (
-            isinstance(found, list) and isinstance(key, int) and key < len(found)
-        )
-        if not ok:
-            raise BadFigures(f"no {_path(keys[: i + 1])}")
-        found = found[key]
-    return found
-
-
-def _path(keys: tuple[str | int, ...]) -> str:
-    return "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
-
-
-def _number(figures: Any, *keys: str | int) -> float:
-    value = _get(figures, *keys)
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise BadFigures(f"{_path(keys)} is not a number")
-    return float(value)
-
-
-def _numbers(figures: Any, *keys: str | int) -> list[float]:
-    value = _get(figures, *keys)
-    if not isinstance(value, list) or not value:
-        raise BadFigures(f"{_path(keys)} is not a list of numbers")
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
-        raise BadFigures(f"{_path(keys)} is not a list of numbers")
-    return [float(v) for v in value]
-
-
-def _list(figures: Any, *keys: str | int) -> list[Any]:
-    value = _get(figures, *keys)
-    if not isinstance(value, list) or not value:
-        raise BadFigures(f"{_path(keys)} is not a non-empty list")
-    return value
-
-
 def _footer(fig: Figure, figures: dict[str, Any]) -> None:
     """The source at the bottom, wrapped to the figure's width, with room kept for it."""
-    lines = textwrap.wrap(f"Measured: {_get(figures, 'source')}", int(fig.get_figwidth() * 17))
+    lines = textwrap.wrap(f"Measured: {get(figures, 'source')}", int(fig.get_figwidth() * 17))
     fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="dimgray", va="bottom")
     fig.set_layout_engine("tight", rect=(0, 0.015 + 0.11 * len(lines) / fig.get_figheight(), 1, 1))
 
@@ -118,8 +76,8 @@ def _target(ax: Axes, y: float, label: str) -> None:
 
 def cycle(figures: dict[str, Any]) -> Figure:
     """The distribution of one reconcile cycle's time, list+watch view against the floor."""
-    kube = _numbers(figures, "kube_ms")
-    floor = _numbers(figures, "floor_ms")
+    kube = numbers(figures, "kube_ms")
+    floor = numbers(figures, "floor_ms")
     fig, ax = plt.subplots(figsize=(9, 5))
     ordered = sorted(kube + floor)
     low, top = ordered[0], ordered[int(0.995 * (len(ordered) - 1))]
@@ -171,12 +129,12 @@ def _verdict(ratio: float, target: float, *, at_least: bool) -> str:
 
 
 def _throughput(ax: Axes, f: dict[str, Any], key: str) -> None:
-    ours = _numbers(f, key, "msg_s", "capwatch")
-    bare = _numbers(f, key, "msg_s", "bare")
+    ours = numbers(f, key, "msg_s", "capwatch")
+    bare = numbers(f, key, "msg_s", "bare")
     if len(ours) != len(bare):
         raise BadFigures(f"{key}.msg_s: capwatch and bare have different rounds")
     _paired_bars(ax, [str(i + 1) for i in range(len(ours))], ours, bare)
-    ratio, target = _number(f, key, "ratio"), _number(f, key, "target")
+    ratio, target = number(f, key, "ratio"), number(f, key, "target")
     ax.set_title(
         f"Watch throughput, one client\nmedian ratio {_verdict(ratio, target, at_least=True)}"
     )
@@ -187,16 +145,16 @@ def _throughput(ax: Axes, f: dict[str, Any], key: str) -> None:
 
 def _fanout_bars(ax: Axes, f: dict[str, Any], key: str) -> None:
     keys = ("p50", "p99", "max", "hand_off")
-    ours = [_number(f, key, "capwatch", k) for k in keys]
-    bare = [_number(f, key, "bare", k) for k in keys]
+    ours = [number(f, key, "capwatch", k) for k in keys]
+    bare = [number(f, key, "bare", k) for k in keys]
     _paired_bars(ax, ["p50", "p99", "max", "hand-off"], ours, bare)
-    p99 = _verdict(_number(f, key, "p99_ratio"), _number(f, key, "p99_target"), at_least=False)
+    p99 = _verdict(number(f, key, "p99_ratio"), number(f, key, "p99_target"), at_least=False)
     hand = _verdict(
-        _number(f, key, "hand_off_ratio"), _number(f, key, "hand_off_target"), at_least=False
+        number(f, key, "hand_off_ratio"), number(f, key, "hand_off_target"), at_least=False
     )
     ax.set_title(
-        f"publish -> receive, {int(_number(f, key, 'subscribers')):,} subscribers "
-        f"(median of {int(_number(f, key, 'rounds'))} rounds)\np99 ratio {p99}, hand-off {hand}",
+        f"publish -> receive, {int(number(f, key, 'subscribers')):,} subscribers "
+        f"(median of {int(number(f, key, 'rounds'))} rounds)\np99 ratio {p99}, hand-off {hand}",
         fontsize=10,
     )
     ax.set_ylabel("ms")
@@ -204,23 +162,23 @@ def _fanout_bars(ax: Axes, f: dict[str, Any], key: str) -> None:
 
 
 def _cycle_cost(ax: Axes, f: dict[str, Any], key: str) -> None:
-    ratios = _get(f, key, "ratios")
+    ratios = get(f, key, "ratios")
     if not isinstance(ratios, dict) or not ratios:
         raise BadFigures(f"{key}.ratios is not an object of rounds")
     for x, kind in enumerate(ratios):
-        values = _numbers(f, key, "ratios", kind)
+        values = numbers(f, key, "ratios", kind)
         ax.scatter([x] * len(values), values, color=CAPWATCH, zorder=3)
         median = statistics.median(values)
         ax.hlines(median, x - 0.25, x + 0.25, color=CAPWATCH, linewidth=2)
         ax.text(x + 0.28, median, f"median {median:.2f}", va="center", fontsize=8)
-    target = _number(f, key, "target")
+    target = number(f, key, "target")
     _target(ax, target, f"target <= {target:g}")
     ax.axhline(1.0, color=BARE, linewidth=0.8)
     ax.set_xticks(range(len(ratios)), [str(k) for k in ratios])
     ax.set_xlim(-0.6, len(ratios) - 0.1)
     ax.set_ylabel("cycle until published: with / without")
     ax.set_title(
-        f"cycle cost, {int(_number(f, key, 'subscribers')):,} subscribers that never read\n"
+        f"cycle cost, {int(number(f, key, 'subscribers')):,} subscribers that never read\n"
         "(a dot per round)",
         fontsize=10,
     )
@@ -228,11 +186,11 @@ def _cycle_cost(ax: Axes, f: dict[str, Any], key: str) -> None:
 
 
 def _memory(ax: Axes, f: dict[str, Any], key: str) -> None:
-    ours = _number(f, key, "capwatch", "kib_per_subscriber")
-    bare = _number(f, key, "bare", "kib_per_subscriber")
+    ours = number(f, key, "capwatch", "kib_per_subscriber")
+    bare = number(f, key, "bare", "kib_per_subscriber")
     _paired_bars(ax, ["server RSS"], [ours], [bare])
     ax.set_title(
-        f"per idle subscriber, {int(_number(f, key, 'subscribers')):,} of them", fontsize=10
+        f"per idle subscriber, {int(number(f, key, 'subscribers')):,} of them", fontsize=10
     )
     ax.set_ylabel("KiB per subscriber")
     ax.legend(loc="upper left", fontsize=8)
@@ -259,13 +217,13 @@ def stream(figures: dict[str, Any]) -> Figure:
 
 def fanout(figures: dict[str, Any]) -> Figure:
     """Fan-out latency (p50, p99) and hand-off against the number of subscribers."""
-    points = _list(figures, "points")
-    xs = [_number(figures, "points", i, "subscribers") for i in range(len(points))]
+    points = listed(figures, "points")
+    xs = [number(figures, "points", i, "subscribers") for i in range(len(points))]
     if xs != sorted(set(xs)):
         raise BadFigures("points: subscribers do not rise")
 
     def series(kind: str, key: str) -> list[float]:
-        return [_number(figures, "points", i, kind, key) for i in range(len(points))]
+        return [number(figures, "points", i, kind, key) for i in range(len(points))]
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 5.2))
     for kind, color, name in (("capwatch", CAPWATCH, "capwatch Watch"), ("bare", BARE, "bare")):
@@ -290,10 +248,10 @@ def fanout(figures: dict[str, Any]) -> Figure:
     middle.set_title("hand-off: one cycle handed to every stream")
     middle.legend(fontsize=8)
     for key, marker, name in (("p99_ratio", "o", "p99"), ("hand_off_ratio", "s", "hand-off")):
-        ratios = [_number(figures, "points", i, key) for i in range(len(points))]
+        ratios = [number(figures, "points", i, key) for i in range(len(points))]
         right.plot(xs, ratios, marker=marker, label=f"{name} ratio")
-    p99_target = _number(figures, "points", 0, "p99_target")
-    hand_target = _number(figures, "points", 0, "hand_off_target")
+    p99_target = number(figures, "points", 0, "p99_target")
+    hand_target = number(figures, "points", 0, "hand_off_target")
     right.axhline(p99_target, color=TARGET, linestyle="--", linewidth=1, label="p99 target")
     right.axhline(hand_target, color=TARGET, linestyle=":", linewidth=1, label="hand-off target")
     right.axhline(1.0, color=BARE, linewidth=0.8)
@@ -301,8 +259,8 @@ def fanout(figures: dict[str, Any]) -> Figure:
     right.set_ylabel("capwatch / bare, median of the rounds' ratios")
     right.set_title("ratio to the bare broadcast (targets at 1,000)")
     right.legend(fontsize=8, loc="upper left")
-    rounds = int(_number(figures, "points", 0, "rounds"))
-    pace = _number(figures, "points", 0, "pace_s")
+    rounds = int(number(figures, "points", 0, "rounds"))
+    pace = number(figures, "points", 0, "pace_s")
     fig.suptitle(
         f"Watch fan-out against subscribers: a cycle every {pace * 1000:.0f} ms, "
         f"medians of {rounds} alternated rounds, against a bare grpc.aio broadcast"
@@ -313,11 +271,11 @@ def fanout(figures: dict[str, Any]) -> Figure:
 
 def readyz(figures: dict[str, Any]) -> Figure:
     """GET /readyz under load, every round: the shim against a bare asyncio handler."""
-    rounds = _list(figures, "rounds")
+    rounds = listed(figures, "rounds")
     names = [f"round {i + 1}" for i in range(len(rounds))]
 
     def series(who: str, key: str) -> list[float]:
-        return [_number(figures, "rounds", i, who, key) for i in range(len(rounds))]
+        return [number(figures, "rounds", i, who, key) for i in range(len(rounds))]
 
     labels = ("capwatch shim", "bare asyncio handler")
     fig, (left, middle, right) = plt.subplots(
@@ -325,13 +283,13 @@ def readyz(figures: dict[str, Any]) -> Figure:
     )
     shim, bare = series("shim", "req_s"), series("bare", "req_s")
     _paired_bars(left, names, shim, bare, labels)
-    ratio_target = _number(figures, "ratio_target")
+    ratio_target = number(figures, "ratio_target")
     for x, b in enumerate(bare):  # where the shim must reach in that round
         left.hlines(b * ratio_target, x - 0.4, x + 0.4, color=TARGET, linestyle="--", linewidth=1)
     left.plot([], [], color=TARGET, linestyle="--", label=f"target: {ratio_target:g} x bare")
     ratios = ", ".join(f"{s / b:.2f}" for s, b in zip(shim, bare, strict=True))
     left.set_title(
-        f"answered requests/s, {int(_number(figures, 'clients'))} clients\n"
+        f"answered requests/s, {int(number(figures, 'clients'))} clients\n"
         f"shim / bare by round: {ratios}",
         fontsize=10,
     )
@@ -341,18 +299,18 @@ def readyz(figures: dict[str, Any]) -> Figure:
     ours, theirs = [], []
     for i in range(len(rounds)):
         for q in ("p50_ms", "p99_ms"):
-            ours.append(_number(figures, "rounds", i, "shim", q))
-            theirs.append(_number(figures, "rounds", i, "bare", q))
+            ours.append(number(figures, "rounds", i, "shim", q))
+            theirs.append(number(figures, "rounds", i, "bare", q))
     _paired_bars(middle, groups, ours, theirs, labels)
     middle.set_title("latency, request written -> answer read", fontsize=10)
     middle.set_ylabel("ms")
     middle.legend(loc="upper left", fontsize=8)
     stages = ("ready", "warm", "after", "peak")
-    rss = [_number(figures, "rss_mib", s) for s in stages]
+    rss = [number(figures, "rss_mib", s) for s in stages]
     right.bar(range(len(stages)), rss, color=CAPWATCH)
     for x, v in enumerate(rss):
         right.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
-    rss_target = _number(figures, "rss_target_mib")
+    rss_target = number(figures, "rss_target_mib")
     _target(right, rss_target, f"target <= {rss_target:g} MiB")
     right.set_xticks(range(len(stages)), ["ready", "after\nwarm-up", "after\nthe load", "peak"])
     right.set_ylim(0, max([*rss, rss_target]) * 1.25)
@@ -374,8 +332,8 @@ LATENCIES = {
 
 def cluster(figures: dict[str, Any]) -> Figure:
     """The simulated cluster: detection latency, and one controller's cost against shards."""
-    runs = _list(figures, "runs")
-    shards = [int(_number(figures, "runs", i, "shards")) for i in range(len(runs))]
+    runs = listed(figures, "runs")
+    shards = [int(number(figures, "runs", i, "shards")) for i in range(len(runs))]
     fig, (left, middle, right) = plt.subplots(
         1, 3, figsize=(15, 5.2), gridspec_kw={"width_ratios": [2.2, 1, 1]}
     )
@@ -383,8 +341,8 @@ def cluster(figures: dict[str, Any]) -> Figure:
     for key, name in LATENCIES.items():
         for i, n in enumerate(shards):
             labels.append(f"{name}\n{n} shard(s)")
-            p50.append(max(0.1, _number(figures, "runs", i, "latency_ms", key, "p50")))
-            p99.append(max(0.1, _number(figures, "runs", i, "latency_ms", key, "p99")))
+            p50.append(max(0.1, number(figures, "runs", i, "latency_ms", key, "p50")))
+            p99.append(max(0.1, number(figures, "runs", i, "latency_ms", key, "p99")))
     ys = range(len(labels))
     left.barh([y + 0.2 for y in ys], p50, 0.4, color="tab:green", label="p50")
     left.barh([y - 0.2 for y in ys], p99, 0.4, color="tab:orange", label="p99")
@@ -395,7 +353,7 @@ def cluster(figures: dict[str, Any]) -> Figure:
     left.set_yticks(list(ys), labels, fontsize=7)
     left.invert_yaxis()
     left.set_xlabel("ms from the agent cycle's end (log)")
-    left.set_title(f"detection, {int(_number(figures, 'nodes')):,} nodes x 8 GPUs", fontsize=10)
+    left.set_title(f"detection, {int(number(figures, 'nodes')):,} nodes x 8 GPUs", fontsize=10)
     left.legend(fontsize=8, loc="lower right")
     for ax, key, unit, target in (
         (middle, "cores", "cores", 0.25),
@@ -403,8 +361,8 @@ def cluster(figures: dict[str, Any]) -> Figure:
     ):
         per_run = [
             [
-                _number(figures, "runs", i, "controllers", j, key)
-                for j in range(len(_list(figures, "runs", i, "controllers")))
+                number(figures, "runs", i, "controllers", j, key)
+                for j in range(len(listed(figures, "runs", i, "controllers")))
             ]
             for i in range(len(runs))
         ]
@@ -441,10 +399,10 @@ def fencing(figures: dict[str, Any]) -> Figure:
     """The leader-pause trial: the old leader's writes, with the policy and without."""
     settings = (("with_policy", "with the policy"), ("without_policy", "without"))
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
-    ours = [_number(figures, "with_policy", key) for key in FENCING_COUNTS]
-    theirs = [_number(figures, "without_policy", key) for key in FENCING_COUNTS]
+    ours = [number(figures, "with_policy", key) for key in FENCING_COUNTS]
+    theirs = [number(figures, "without_policy", key) for key in FENCING_COUNTS]
     _paired_bars(left, list(FENCING_COUNTS.values()), ours, theirs, ("with the policy", "without"))
-    trials = int(_number(figures, "with_policy", "trials"))
+    trials = int(number(figures, "with_policy", "trials"))
     left.set_title(
         f"the old leader's writes, summed over {trials} trials each "
         "(target with the policy: 0 admitted)",
@@ -453,16 +411,14 @@ def fencing(figures: dict[str, Any]) -> Figure:
     left.set_ylabel("writes")
     left.legend(loc="upper right", fontsize=8)
     for x, (key, _) in enumerate(settings):
-        taken = _numbers(figures, key, "takeover_s")
+        taken = numbers(figures, key, "takeover_s")
         right.scatter([x] * len(taken), taken, color=(CAPWATCH, BARE)[x], alpha=0.6)
         right.hlines(statistics.median(taken), x - 0.25, x + 0.25, color=TARGET)
     right.set_xticks(range(len(settings)), [label for _, label in settings])
     right.set_xlim(-0.6, len(settings) - 0.4)
     right.set_ylim(0, None)
     right.set_ylabel("s")
-    window = (
-        f"{_number(figures, 'window_ms', 'median'):g} / {_number(figures, 'window_ms', 'max'):g}"
-    )
+    window = f"{number(figures, 'window_ms', 'median'):g} / {number(figures, 'window_ms', 'max'):g}"
     right.set_title(
         f"freeze -> standby's Lease write, per trial (line: median)\n"
         f"the policy's window after a takeover, median / max: {window} ms",
