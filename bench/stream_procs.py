@@ -31,6 +31,7 @@ from agent.running import AgentLoop, CycleThread
 from api.gen.capwatch.v1 import node_health_pb2 as pb
 from bench.stream_clients import ClientSide
 from kit.clock import SystemClock
+from kit.heap import settle_heap
 from server.grpc import mapping
 from server.grpc.publication import Publication
 from server.grpc.serving import AgentServer
@@ -88,10 +89,34 @@ class TimedHub(Hub):
         return loops
 
 
+class FullCollections:
+    """When the cyclic collector's full (generation 2) passes began in this process, and
+    how long each held the event loop: the source of the fan-out's worst cycles."""
+
+    def __init__(self) -> None:
+        self._began = 0.0
+        self.passes: list[tuple[float, float]] = []  # (monotonic start, seconds)
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._began = time.monotonic()
+        else:
+            self.passes.append((self._began, time.monotonic() - self._began))
+
+    def take(self) -> list[tuple[float, float]]:
+        taken, self.passes = self.passes, []
+        return taken
+
+
 class ServerSide:
     """Lives in a server process: one server, and what drives it."""
 
     def __init__(self) -> None:
+        self.collections = FullCollections()
+        self.published_at: list[float] = []  # the last publish command's cycles, monotonic
         self.clock = SystemClock()
         self.server: grpc.aio.Server | AgentServer | None = None
         self.hub: Hub | None = None
@@ -135,6 +160,7 @@ class ServerSide:
         server = AgentServer(settings=settings, publication=self.pub)
         started = time.perf_counter()
         await server.start()
+        settle_heap()  # as the agent command does once it serves
         # The Watch feed's task runs first and encodes every cycle already in the
         # hub in one go (its first step does not await).
         await asyncio.sleep(0)
@@ -276,10 +302,12 @@ class ServerSide:
         """
         start = time.monotonic()
         hand_off = []
+        self.published_at = []
         for i in range(count):
             await asyncio.sleep(max(0.0, start + i * interval_s - time.monotonic()))
             target = self.sent + self.subscribers
             published = time.monotonic()
+            self.published_at.append(published)
             self._publish()
             while self.sent < target and time.monotonic() - published < interval_s:  # noqa: ASYNC110
                 await asyncio.sleep(0.001)  # polling is the measurement
@@ -354,6 +382,20 @@ class ServerSide:
             "publish_s": self.publish_s,
             "encode_s": self.encode_s,
         }
+
+    async def full_collections(self, interval_s: float) -> dict[str, list[float]]:
+        """The full collections since the last call: their pauses (seconds), and the
+        cycles of the last publish command (by index) during which one began."""
+        passes = self.collections.take()
+        if not self.published_at:
+            return {"pauses": [seconds for _, seconds in passes], "cycles": []}
+        ends = [*self.published_at[1:], self.published_at[-1] + interval_s]
+        hit = [
+            i
+            for i, (begin, end) in enumerate(zip(self.published_at, ends, strict=True))
+            if any(begin <= at < end for at, _ in passes)
+        ]
+        return {"pauses": [seconds for _, seconds in passes], "cycles": [float(i) for i in hit]}
 
     async def stats(self) -> dict[str, float]:
         gc.collect()

@@ -163,14 +163,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.command == "agent":
         from agent.settings import agent_settings
-        from capwatch.launch import run_agent
+        from capwatch.launch import run_agent, settle_heap_when_serving
         from capwatch.logs import configure_logging
         from server.settings import server_settings
 
         settings = agent_settings(args, environ)
         serving = server_settings(args, environ)
         configure_logging(settings.log_level, settings.log_format)
-        return asyncio.run(run_agent(settings, serving))
+        return asyncio.run(run_agent(settings, serving, on_serving=settle_heap_when_serving))
     if args.command == "shim":
         from capwatch.shim import main_shim
 

@@ -124,20 +124,22 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
         else:
             behavior = handler.unary_stream if streaming_out else handler.unary_unary
 
-        async def write_all(request: Any, context: Context) -> None:
-            # A generator of responses, written as grpc would write them, and
-            # closed at once however the call ends (its finally clauses give
-            # back stream slots).
+        async def stream_through(request: Any, context: Context) -> AsyncIterator[Any]:
+            # An async generator, so that grpc iterates it and sends each
+            # response itself: writing them with context.write instead cost 10 us
+            # a message, a third of a 1,000-stream fan-out (bench/stream.py). The
+            # handler's generator is closed at once however the call ends (its
+            # finally clauses give back stream slots).
             responses = behavior(await accepted(request, context), context)
             async with contextlib.aclosing(responses):
                 async for response in responses:
-                    await context.write(response)
+                    yield response
 
         async def call_through(request: Any, context: Context) -> Any:
             return await behavior(await accepted(request, context), context)
 
         if inspect.isasyncgenfunction(behavior):
-            guarded: Callable[[Any, Context], Awaitable[Any]] = write_all
+            guarded: Callable[[Any, Context], Any] = stream_through
         elif inspect.iscoroutinefunction(behavior):
             guarded = call_through
         else:  # a synchronous handler (none here): left to grpc
