@@ -18,8 +18,13 @@ writes. Writes go through a work queue keyed by node
 (:mod:`controller.writes.workqueue`, client-go's shape: a node queued twice is
 written once, with its latest state; one changed while its write is in
 flight is written again after it, never beside it) served by a few workers;
-a change goes ahead of every heartbeat waiting (a round of thousands of
-heartbeats must not delay the news of a failure); a failed write is retried
+news goes first: a node's first report that all is well (no condition of
+ours on the Node yet, and True to write) waits behind every other change,
+and heartbeats behind both. On a first install, or after the API server was
+away, that is thousands of first reports at whatever rate the server takes
+them (5,000 at about 15 a second on the real server, bench/kwok.py: over 5
+minutes), and a node failing meanwhile must not be written behind them, nor
+behind a round of heartbeats; a failed write is retried
 after the node's own backoff (the one backoff, full jitter, 0.5 s doubling to
 60 s, and the server's Retry-After as a floor, itself capped at those 60 s: a
 server asking for an hour, or for ever, cannot freeze a node's condition) for
@@ -47,7 +52,7 @@ import random
 from dataclasses import replace
 from typing import Protocol
 
-from controller.conditions import AgentLink, Condition, NodeCondition
+from controller.conditions import AgentLink, Condition, ConditionStatus, NodeCondition
 from controller.errors import ApiError, DeadlinePassed, FencedOut, NotFound
 from controller.leasing import Fence
 from controller.tracking import NodeState
@@ -59,7 +64,9 @@ from kit.clock import Clock
 log = logging.getLogger(__name__)
 
 DEFAULT_HEARTBEAT_S = 300.0
-_CHANGE, _HEARTBEAT = 0, 1  # queue priorities
+# Queue priorities, lower first: news (a status or reason other than what the Node
+# carries, or a first report that is not True), a first report of True, heartbeats.
+_NEWS, _FIRST_REPORT, _HEARTBEAT = 0, 1, 2
 DEFAULT_WORKERS = 8
 REQUEST_TIMEOUT_S = 10.0
 RETRY_INITIAL_S = 0.5
@@ -109,7 +116,7 @@ class ConditionWriter:
         self._observer: WriteObserver = observer or _NoObserver()
         self._desired: dict[str, NodeState] = {}
         self._written: dict[str, NodeCondition] = {}
-        # Changes (priority 0) before heartbeats (1); a node is never written beside itself.
+        # News, then first reports, then heartbeats; a node is never written beside itself.
         self._queue: WorkQueue[str] = WorkQueue(
             rate_limiter=ItemBackoff(RETRY_BACKOFF, rng=rng or random.Random())
         )
@@ -208,7 +215,14 @@ class ConditionWriter:
                 return  # nothing newer than what failed: the retry writes it when due
             # A newer status or reason: written now, not after the retry's wait.
             self._queue.cancel_wait(node)
-        self._queue.add(node, priority=_HEARTBEAT if heartbeat else _CHANGE)
+        self._queue.add(node, priority=_HEARTBEAT if heartbeat else self._urgency(node))
+
+    def _urgency(self, node: str) -> int:
+        state = self._desired.get(node)
+        first = node not in self._written
+        if first and state is not None and state.condition.status is ConditionStatus.TRUE:
+            return _FIRST_REPORT
+        return _NEWS
 
     async def _heartbeats(self) -> None:
         # Each node's heartbeat is due on its own schedule (when it was last

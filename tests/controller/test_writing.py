@@ -293,3 +293,46 @@ async def test_a_removed_node_cancels_its_pending_retry() -> None:
     await asyncio.sleep(600)
     assert len(rig.api.attempts) == 1
     await rig.writer.stop()
+
+
+@pytest.mark.asyncio
+async def test_news_is_written_ahead_of_a_backlog_of_first_reports() -> None:
+    """A first install queues thousands of first reports of True at once; a node that
+    fails meanwhile, one first reported Unknown, and one recovering from a False the Node
+    carries are all written before the backlog, which then drains in its own order."""
+    rig = Rig(workers=1)
+    rig.api.gates["first-0"] = gate = asyncio.Event()  # holds the one worker
+    for i in range(100):
+        rig.change(TRUE, node=f"first-{i}")
+    await settle()
+    rig.writer.observed("recovering", rig.carried(WRITE_FAILED))
+    rig.change(WRITE_FAILED, node="failing")
+    rig.change(UNREACHABLE, node="unreachable")
+    rig.change(TRUE, node="recovering")
+    gate.set()
+    for _ in range(20):
+        await settle()
+    order = [patch.node for patch in rig.api.patches]
+    assert order[:4] == ["first-0", "failing", "unreachable", "recovering"]
+    assert order[4:] == [f"first-{i}" for i in range(1, 100)]
+    await rig.writer.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_queued_first_report_that_fails_moves_ahead() -> None:
+    """A node waiting in the backlog with its first report of True that turns False before
+    its turn is written at the news' priority, with the False."""
+    rig = Rig(workers=1)
+    rig.api.gates["first-0"] = gate = asyncio.Event()
+    for i in range(50):
+        rig.change(TRUE, node=f"first-{i}")
+    await settle()
+    rig.change(WRITE_FAILED, node="first-40")
+    gate.set()
+    for _ in range(20):
+        await settle()
+    order = [patch.node for patch in rig.api.patches]
+    assert order[:2] == ["first-0", "first-40"]
+    assert rig.keys("first-40") == [key(WRITE_FAILED)]
+    assert len(order) == 50
+    await rig.writer.stop()
