@@ -8,7 +8,7 @@ FAKENVML := build/fakenvml
 HELM   := build/tools/helm
 CHART  := charts/capwatch
 
-.PHONY: setup demo test lint chart pytest fakenvml kube kube-up kube-down bench bench-stream bench-fanout bench-cluster bench-plots clean proto proto-baseline dashboard
+.PHONY: setup demo test lint chart pytest fakenvml kube kube-up kube-down bench bench-stream bench-fanout bench-cluster bench-kwok bench-floor bench-plots clean proto proto-baseline dashboard
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -117,6 +117,9 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/controller.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/fencing.py --json bench/results/fencing.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --json bench/results/cluster.json
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --shared-addresses --json bench/results/cluster.json
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/kwok.py --json bench/results/kwok.json
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/connection_floor.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cap_series.py
 	$(BIN)/python bench/plot.py
 
@@ -124,9 +127,19 @@ bench: setup
 bench-plots: setup
 	$(BIN)/python bench/plot.py
 
-# The simulated 5,000-node cluster alone (about five minutes: pools, API server, controller).
+# The simulated 5,000-node cluster alone, both shapes (about ten minutes: pools, API server,
+# controller).
 bench-cluster: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --json bench/results/cluster.json
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --shared-addresses --json bench/results/cluster.json
+
+# 5,000 KWOK nodes on the real control plane, the chart installed (about half an hour).
+bench-kwok: setup kube
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/kwok.py --json bench/results/kwok.json
+
+# What one connection per node costs the side holding them, pull and push (two minutes).
+bench-floor: setup
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/connection_floor.py
 
 # The gRPC stream alone (about three minutes: spawns servers and 1,000-stream clients).
 bench-stream: setup

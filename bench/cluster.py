@@ -68,7 +68,8 @@ from bench.cluster_procs import (
     start_controllers,
     start_pools,
 )
-from bench.figures import check_writable, this_run, write_json
+from bench.cluster_results import earlier_runs, write_runs
+from bench.figures import this_run
 from controller.sharding import shard_of
 
 SUBSCRIBERS = 10
@@ -452,7 +453,9 @@ def main(*, description: str = __doc__ or "", nodes: int = 5000, fail_at: float 
         parser.error(f"--nodes {args.nodes}: one address per node holds {MAX_NODES} at most")
     SHAPE["label"] = shape(args)
     # Refused now, not after the run: a file that cannot take this run's figures.
-    earlier = earlier_runs(args.json, args.nodes, args.shards)
+    earlier = earlier_runs(
+        args.json, args.nodes, args.shards, "shared" if args.shared_addresses else "per_node"
+    )
     with tempfile.TemporaryDirectory(prefix="capwatch-cluster-bench-") as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -464,31 +467,6 @@ def main(*, description: str = __doc__ or "", nodes: int = 5000, fail_at: float 
     if args.json is not None:
         write_runs(args.json, args.nodes, [*earlier, {"source": this_run(), **figures}])
     return 0
-
-
-def earlier_runs(path: Path | None, nodes: int, this_shards: int) -> list[dict[str, Any]]:
-    """The runs a --json FILE already holds for the other shard counts (this run's count
-    is measured again); SystemExit, one line, for a file this run must not overwrite."""
-    check_writable(path)
-    if path is None or not path.exists():
-        return []
-    try:
-        held = json.loads(path.read_text())
-        runs, held_nodes = held["runs"], held["nodes"]
-        shards = [int(r["shards"]) for r in runs]
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise SystemExit(f"--json {path}: not a cluster.py results file ({exc!r})") from exc
-    if held_nodes != nodes:
-        raise SystemExit(
-            f"--json {path}: holds {held_nodes}-node runs, this one is {nodes}: another file"
-        )
-    return [r for r, n in zip(runs, shards, strict=True) if n != this_shards]
-
-
-def write_runs(path: Path, nodes: int, runs: list[dict[str, Any]]) -> None:
-    runs = sorted(runs, key=lambda r: int(r["shards"]))
-    summary = "; ".join(f"{r['shards']} shard(s): {r['source']}" for r in runs)
-    write_json(path, {"nodes": nodes, "runs": runs}, source=summary)
 
 
 if __name__ == "__main__":

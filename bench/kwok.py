@@ -47,7 +47,7 @@ from typing import Any
 
 from bench.cluster import failures, line, percentile
 from bench.cluster_procs import Run
-from bench.figures import this_run
+from bench.figures import check_writable, this_run, write_json
 from bench.kwok_procs import (
     AGENTS,
     NAMESPACE,
@@ -270,6 +270,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    held = held_runs(args.json, args.nodes)
     binaries = build_kube().cached_binaries()
     if binaries is None:
         print("kwok bench: the control plane is not built (make kube)", file=sys.stderr)
@@ -285,8 +286,35 @@ def main() -> int:
             finally:
                 cluster.stop()
     if args.json is not None:
-        args.json.write_text(json.dumps({"source": this_run(), **figures}, indent=2) + "\n")
+        write_kwok_runs(args.json, [*held, {"source": this_run(), **figures}])
     return 0
+
+
+KEEP_RUNS = 2  # the latest, as bench/README.md and docs/scale.md quote two
+
+
+def held_runs(path: Path | None, nodes: int) -> list[dict[str, Any]]:
+    """The runs a --json FILE holds already, of the same --nodes (kept beside this one);
+    SystemExit, one line, before a half-hour run, for a file this run must not overwrite."""
+    check_writable(path)
+    if path is None or not path.exists():
+        return []
+    try:
+        held = json.loads(path.read_text())
+        runs, held_nodes = list(held["runs"]), int(held["nodes"])
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise SystemExit(f"--json {path}: not a kwok.py results file ({exc!r})") from exc
+    if held_nodes != nodes:
+        raise SystemExit(
+            f"--json {path}: holds {held_nodes}-node runs, this one is {nodes}: another file"
+        )
+    return runs
+
+
+def write_kwok_runs(path: Path, runs: list[dict[str, Any]]) -> None:
+    runs = runs[-KEEP_RUNS:]
+    summary = "; ".join(f"run {i + 1}: {r['source']}" for i, r in enumerate(runs))
+    write_json(path, {"nodes": runs[-1]["nodes"], "runs": runs}, source=summary)
 
 
 if __name__ == "__main__":

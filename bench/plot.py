@@ -26,6 +26,12 @@ per round; ``{p}``: ``{"p50", "p99"}`` in ms):
 - ``cluster.json`` (bench/cluster.py): ``nodes``, ``runs[]`` one per shard
   count, each with ``shards``, ``controllers[]`` (``cores``, ``rss_mib``) and
   ``latency_ms``: ``to_false`` {p}, ``to_true`` {p}, ``stream`` {p}.
+- ``kwok.json`` (bench/kwok.py): ``nodes``, ``runs[]`` (the latest two), each with
+  ``subscribed_s``, ``failing``, ``detected``, ``floor_rss_mib`` and ``steady``: per
+  heartbeat (``heartbeat_300``, ``heartbeat_60``) ``cores`` and ``rss_mib`` by
+  component (``controller``, ``kube-apiserver``, ``etcd``, ``kwok``,
+  ``kube-controller-manager``).
+- ``cluster.json`` runs may carry ``shape`` (``per_node`` or ``shared``; none: shared).
 - ``fencing.json`` (bench/fencing.py): ``with_policy`` and ``without_policy``,
   each with ``trials``, ``admitted``, ``refused``, ``left_after_deadline``,
   ``applied_after_deadline``, ``dropped`` and ``takeover_s[]`` (one per
@@ -40,7 +46,6 @@ import argparse
 import json
 import statistics
 import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,26 +57,13 @@ mpl.use("Agg")  # files only: no display, the same output everywhere
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from plot_kwok import kwok
+from plot_style import BARE, CAPWATCH, PLAIN, SPARSE, TARGET
+from plot_style import footer as _footer
+from plot_style import target as _target
 from plot_values import BadFigures, get, listed, number, numbers
 
-PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 30, not 3 x 10^1
-# On a log axis, minor ticks labelled at 2, 3 and 5 of each decade only.
-SPARSE = FuncFormatter(lambda value, _: f"{value:g}" if f"{value:e}"[0] in "235" else "")
-
 HERE = Path(__file__).resolve().parent
-CAPWATCH, BARE, TARGET = "tab:blue", "tab:gray", "tab:red"
-
-
-def _footer(fig: Figure, figures: dict[str, Any]) -> None:
-    """The source at the bottom, wrapped to the figure's width, with room kept for it."""
-    lines = textwrap.wrap(f"Measured: {get(figures, 'source')}", int(fig.get_figwidth() * 17))
-    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="dimgray", va="bottom")
-    fig.set_layout_engine("tight", rect=(0, 0.015 + 0.11 * len(lines) / fig.get_figheight(), 1, 1))
-
-
-def _target(ax: Axes, y: float, label: str) -> None:
-    ax.axhline(y, color=TARGET, linewidth=1, linestyle="--", label=label)
 
 
 def cycle(figures: dict[str, Any]) -> Figure:
@@ -323,6 +315,7 @@ def readyz(figures: dict[str, Any]) -> Figure:
     return fig
 
 
+SHAPE_NAMES = {"per_node": "address\nper node", "shared": "shared\naddresses"}
 LATENCIES = {
     "to_false": "failed cycle end -> PATCH False",
     "to_true": "good cycle end -> PATCH True",
@@ -334,13 +327,20 @@ def cluster(figures: dict[str, Any]) -> Figure:
     """The simulated cluster: detection latency, and one controller's cost against shards."""
     runs = listed(figures, "runs")
     shards = [int(number(figures, "runs", i, "shards")) for i in range(len(runs))]
+    # A run's shards and, where the file holds both shapes, its shape.
+    shapes = [str(r.get("shape", "shared")) if isinstance(r, dict) else "shared" for r in runs]
+    both = len(set(shapes)) > 1
+    names = [
+        f"{n} shard(s)" + (f"\n{SHAPE_NAMES.get(shape, shape)}" if both else "")
+        for n, shape in zip(shards, shapes, strict=True)
+    ]
     fig, (left, middle, right) = plt.subplots(
         1, 3, figsize=(15, 5.2), gridspec_kw={"width_ratios": [2.2, 1, 1]}
     )
     labels, p50, p99 = [], [], []
     for key, name in LATENCIES.items():
-        for i, n in enumerate(shards):
-            labels.append(f"{name}\n{n} shard(s)")
+        for i, label in enumerate(names):
+            labels.append(f"{name}\n{label.replace(chr(10), ' ', 1).replace(chr(10), ' ')}")
             p50.append(max(0.1, number(figures, "runs", i, "latency_ms", key, "p50")))
             p99.append(max(0.1, number(figures, "runs", i, "latency_ms", key, "p99")))
     ys = range(len(labels))
@@ -374,8 +374,8 @@ def cluster(figures: dict[str, Any]) -> Figure:
             ax.text(x + 0.32, max(values), _short(max(values)), va="center", fontsize=7)
         ax.scatter([], [], color="black", s=10, label="each shard")
         _target(ax, target, f"target <= {target:g} {unit}")
-        ax.set_xticks(list(xs), [str(n) for n in shards])
-        ax.set_xlabel("controller shards")
+        ax.set_xticks(list(xs), names, fontsize=7 if both else None)
+        ax.set_xlabel("controller shards" + (" and address shape" if both else ""))
         ax.set_ylim(0, max([*highest, target]) * 1.3)
         ax.set_ylabel(f"{unit} per controller, steady state")
         ax.legend(fontsize=8, loc="upper right")
@@ -436,6 +436,7 @@ PLOTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "readyz": readyz,
     "cluster": cluster,
     "fencing": fencing,
+    "kwok": kwok,
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.cluster import earlier_runs, write_runs
+from bench.cluster_results import earlier_runs, write_runs
 from bench.cycle import cycle_figures
 from bench.figures import write_json
 
@@ -47,6 +47,25 @@ def fanout_point(subscribers: int, scale: float) -> dict[str, Any]:
         "hand_off_ratio": 1.1,
         "p99_target": 1.2,
         "hand_off_target": 1.3,
+    }
+
+
+def kwok_run() -> dict[str, Any]:
+    components = ("controller", "kube-apiserver", "etcd", "kwok", "kube-controller-manager")
+    return {
+        "source": "test",
+        "nodes": 20,
+        "subscribed_s": 3.0,
+        "failing": 2,
+        "detected": 2,
+        "floor_rss_mib": 40.0,
+        "steady": {
+            f"heartbeat_{h}": {
+                "cores": dict.fromkeys(components, 0.1),
+                "rss_mib": dict.fromkeys(components, 100.0),
+            }
+            for h in (300, 60)
+        },
     }
 
 
@@ -121,6 +140,7 @@ FIXTURE: dict[str, dict[str, Any]] = {
         },
         "window_ms": {"median": 9.7, "max": 14.7},
     },
+    "kwok": {"source": "test", "nodes": 20, "runs": [kwok_run(), kwok_run()]},
 }
 
 
@@ -199,10 +219,13 @@ def _with(name: str, value: object, *keys: str | int) -> dict[str, Any]:
             "points: subscribers do not rise",
         ),
         ("cluster", _without("cluster", "runs", 1, "latency_ms"), "no runs[1].latency_ms"),
+        ("kwok", _without("kwok", "runs", 1, "floor_rss_mib"), "no runs[1].floor_rss_mib"),
+        ("kwok", _with("kwok", {}, "runs", 0, "steady"), "runs[0].steady is not an object"),
         (
             "crash",
             {},
-            "crash.json: no chart for it (known: cycle, stream, fanout, readyz, cluster, fencing)",
+            "crash.json: no chart for it "
+            "(known: cycle, stream, fanout, readyz, cluster, fencing, kwok)",
         ),
     ],
 )
@@ -250,7 +273,7 @@ def test_committed_plots_are_the_committed_results():
     """Every committed results file has its committed PNG beside the README that links it,
     and says where its figures come from (a bench's command, not a hand-typed table)."""
     results = sorted(p.stem for p in (ROOT / "bench" / "results").glob("*.json"))
-    assert results == ["cluster", "cycle", "fanout", "fencing", "readyz", "stream"]
+    assert results == ["cluster", "cycle", "fanout", "fencing", "kwok", "readyz", "stream"]
     readme = (ROOT / "bench" / "README.md").read_text()
     for name in results:
         assert (ROOT / "bench" / "plots" / f"{name}.png").read_bytes().startswith(PNG_SIGNATURE)
@@ -346,7 +369,7 @@ def test_cluster_json_keeps_the_other_shard_counts(tmp_path: Path):
     path = tmp_path / "results" / "cluster.json"
     path.parent.mkdir()
     write_runs(path, 20, [cluster_run(1), cluster_run(2)])
-    kept = earlier_runs(path, 20, 2)
+    kept = earlier_runs(path, 20, 2, "shared")
     assert [r["shards"] for r in kept] == [1]
     write_runs(path, 20, [*kept, {**cluster_run(2), "source": "again"}])
     figures = json.loads(path.read_text())
@@ -354,16 +377,63 @@ def test_cluster_json_keeps_the_other_shard_counts(tmp_path: Path):
         (1, "test, 1 shard(s)"),
         (2, "again"),
     ]
-    assert figures["source"] == "1 shard(s): test, 1 shard(s); 2 shard(s): again"
+    assert figures["source"] == (
+        "1 shard(s), shared addresses: test, 1 shard(s); 2 shard(s), shared addresses: again"
+    )
     done = run_plot(path.parent, tmp_path / "plots")
     assert done.returncode == 0, done.stderr
     assert_pngs(tmp_path / "plots", ["cluster"])
     before = path.read_text()
     with pytest.raises(SystemExit, match=r"holds 20-node runs, this one is 5000: another file"):
-        earlier_runs(path, 5000, 1)
+        earlier_runs(path, 5000, 1, "shared")
     assert path.read_text() == before
     path.write_text('{"nodes": 20}')
     with pytest.raises(SystemExit, match=r"not a cluster.py results file"):
-        earlier_runs(path, 20, 1)
+        earlier_runs(path, 20, 1, "shared")
     path.write_text(before)
-    assert earlier_runs(path, 20, 3) == json.loads(before)["runs"]
+    assert earlier_runs(path, 20, 3, "shared") == json.loads(before)["runs"]
+
+
+def test_cluster_json_keeps_both_shapes_of_one_shard_count(tmp_path: Path):
+    """A run with an address per node and one with shared addresses, both with one shard,
+    are both kept (the per-node run first), each replaced only by a run of its own shape,
+    and the chart draws them side by side; a run without a shape counts as shared."""
+    path = tmp_path / "results" / "cluster.json"
+    path.parent.mkdir()
+    old = cluster_run(1)  # from before the shapes: no "shape" key
+    write_runs(path, 20, [old])
+    kept = earlier_runs(path, 20, 1, "per_node")
+    assert kept == [old]
+    write_runs(path, 20, [*kept, {**cluster_run(1), "shape": "per_node", "source": "per"}])
+    runs = json.loads(path.read_text())["runs"]
+    assert [(r.get("shape"), r["source"]) for r in runs] == [
+        ("per_node", "per"),
+        (None, "test, 1 shard(s)"),
+    ]
+    assert [r["source"] for r in earlier_runs(path, 20, 1, "shared")] == ["per"]
+    done = run_plot(path.parent, tmp_path / "plots")
+    assert done.returncode == 0, done.stderr
+    assert_pngs(tmp_path / "plots", ["cluster"])
+
+
+def test_kwok_json_keeps_the_latest_two_runs(tmp_path: Path):
+    """kwok.py --json adds its run to the file's and keeps the latest two, which plot.py
+    draws; a file of another --nodes, or not a kwok.py file, is refused in one line."""
+    from bench.kwok import held_runs, write_kwok_runs
+
+    path = tmp_path / "results" / "kwok.json"
+    path.parent.mkdir()
+    assert held_runs(path, 20) == []
+    for name in ("a", "b", "c"):
+        write_kwok_runs(path, [*held_runs(path, 20), {**kwok_run(), "source": name}])
+    figures = json.loads(path.read_text())
+    assert [r["source"] for r in figures["runs"]] == ["b", "c"]
+    assert figures["source"] == "run 1: b; run 2: c"
+    done = run_plot(path.parent, tmp_path / "plots")
+    assert done.returncode == 0, done.stderr
+    assert_pngs(tmp_path / "plots", ["kwok"])
+    with pytest.raises(SystemExit, match=r"holds 20-node runs, this one is 5000: another file"):
+        held_runs(path, 5000)
+    path.write_text('{"runs": []}')
+    with pytest.raises(SystemExit, match=r"not a kwok.py results file"):
+        held_runs(path, 20)
