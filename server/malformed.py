@@ -128,8 +128,10 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
             # An async generator, so that grpc iterates it and sends each
             # response itself: writing them with context.write instead cost 10 us
             # a message, a third of a 1,000-stream fan-out (bench/stream.py). The
-            # handler's generator is closed at once however the call ends (its
-            # finally clauses give back stream slots).
+            # handler's generator is closed with this one, which grpc drops when
+            # the call ends, cancelled or not (the loop's async-generator hook
+            # closes it then); its finally clauses give back stream slots
+            # (tests/server/test_malformed_streams.py).
             responses = behavior(await accepted(request, context), context)
             async with contextlib.aclosing(responses):
                 async for response in responses:
