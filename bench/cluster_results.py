@@ -8,11 +8,10 @@ before a long run, and left as it was.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from bench.figures import check_writable, write_json
+from bench.figures import held_runs, write_json
 
 SHAPES = {"per_node": "an address per node", "shared": "shared addresses"}
 
@@ -28,24 +27,8 @@ def earlier_runs(
     """The runs a --json FILE already holds for the other shard counts and shapes (this
     run's are measured again); SystemExit, one line, for a file this run must not
     overwrite."""
-    check_writable(path)
-    if path is None or not path.exists():
-        return []
-    try:
-        held = json.loads(path.read_text())
-        runs, held_nodes = held["runs"], held["nodes"]
-        shards = [int(r["shards"]) for r in runs]
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise SystemExit(f"--json {path}: not a cluster.py results file ({exc!r})") from exc
-    if held_nodes != nodes:
-        raise SystemExit(
-            f"--json {path}: holds {held_nodes}-node runs, this one is {nodes}: another file"
-        )
-    return [
-        r
-        for r, n in zip(runs, shards, strict=True)
-        if (n, run_shape(r)) != (this_shards, this_shape)
-    ]
+    runs = held_runs(path, nodes, "cluster.py", check=lambda r: int(r["shards"]))
+    return [r for r in runs if (int(r["shards"]), run_shape(r)) != (this_shards, this_shape)]
 
 
 def write_runs(path: Path, nodes: int, runs: list[dict[str, Any]]) -> None:

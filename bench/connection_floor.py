@@ -44,7 +44,7 @@ from typing import Any
 import grpc
 
 from bench.cluster_procs import node_address, rss_mib
-from bench.figures import check_writable, write_json
+from bench.figures import check_writable, spread, write_json
 from server.listeners import OPTIONS
 
 WATCH = "/capwatch.v1.NodeHealthService/Watch"
@@ -246,10 +246,6 @@ def push(
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
     return shape(measured, nodes)
-
-
-def spread(total: int, parts: int) -> list[int]:
-    return [total // parts + (i < total % parts) for i in range(parts)]
 
 
 def shape(measured: dict[int, float], nodes: int) -> dict[str, float]:

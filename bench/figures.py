@@ -13,6 +13,7 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +61,31 @@ def check_writable(path: Path | None) -> None:
         raise SystemExit(f"--json {path}: is a directory")
     if not os.access(path.parent, os.W_OK):
         raise SystemExit(f"--json {path}: cannot write in {path.parent}")
+
+
+def held_runs(
+    path: Path | None, nodes: int, bench: str, check: Callable[[dict[str, Any]], object] = bool
+) -> list[dict[str, Any]]:
+    """The runs a bench's --json FILE holds already (``check`` raises on a run that is
+    not one of ``bench``'s); SystemExit, one line, before a long run, for a file this run
+    must not overwrite: not such a file, or of another --nodes."""
+    check_writable(path)
+    if path is None or not path.exists():
+        return []
+    try:
+        held = json.loads(path.read_text())
+        runs, held_nodes = list(held["runs"]), int(held["nodes"])
+        for run in runs:
+            check(run)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise SystemExit(f"--json {path}: not a {bench} results file ({exc!r})") from exc
+    if held_nodes != nodes:
+        raise SystemExit(
+            f"--json {path}: holds {held_nodes}-node runs, this one is {nodes}: another file"
+        )
+    return runs
+
+
+def spread(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` as even as can be, the larger shares first."""
+    return [total // parts + (i < total % parts) for i in range(parts)]

@@ -37,7 +37,6 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -47,7 +46,7 @@ from typing import Any
 
 from bench.cluster import failures, line, percentile
 from bench.cluster_procs import Run
-from bench.figures import check_writable, this_run, write_json
+from bench.figures import held_runs, this_run, write_json
 from bench.kwok_procs import (
     AGENTS,
     NAMESPACE,
@@ -270,7 +269,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    held = held_runs(args.json, args.nodes)
+    held = held_runs(args.json, args.nodes, "kwok.py")
     binaries = build_kube().cached_binaries()
     if binaries is None:
         print("kwok bench: the control plane is not built (make kube)", file=sys.stderr)
@@ -291,24 +290,6 @@ def main() -> int:
 
 
 KEEP_RUNS = 2  # the latest, as bench/README.md and docs/scale.md quote two
-
-
-def held_runs(path: Path | None, nodes: int) -> list[dict[str, Any]]:
-    """The runs a --json FILE holds already, of the same --nodes (kept beside this one);
-    SystemExit, one line, before a half-hour run, for a file this run must not overwrite."""
-    check_writable(path)
-    if path is None or not path.exists():
-        return []
-    try:
-        held = json.loads(path.read_text())
-        runs, held_nodes = list(held["runs"]), int(held["nodes"])
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise SystemExit(f"--json {path}: not a kwok.py results file ({exc!r})") from exc
-    if held_nodes != nodes:
-        raise SystemExit(
-            f"--json {path}: holds {held_nodes}-node runs, this one is {nodes}: another file"
-        )
-    return runs
 
 
 def write_kwok_runs(path: Path, runs: list[dict[str, Any]]) -> None:

@@ -59,8 +59,8 @@ from typing import Any
 
 import grpc
 
-from bench.figures import check_writable, write_json
-from bench.stream_procs import GPUS, REPLAY, Child, spread
+from bench.figures import check_writable, spread, write_json
+from bench.stream_procs import GPUS, REPLAY, Child
 from bench.stream_tail import collections_line, p99, pooled_p99
 
 

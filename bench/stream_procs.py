@@ -72,10 +72,6 @@ def rss_kib() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def spread(total: int, parts: int) -> list[int]:
-    return [total // parts + (i < total % parts) for i in range(parts)]
-
-
 class TimedHub(Hub):
     """A hub that notes when each report becomes visible to readers, before they are woken."""
 

@@ -419,13 +419,14 @@ def test_cluster_json_keeps_both_shapes_of_one_shard_count(tmp_path: Path):
 def test_kwok_json_keeps_the_latest_two_runs(tmp_path: Path):
     """kwok.py --json adds its run to the file's and keeps the latest two, which plot.py
     draws; a file of another --nodes, or not a kwok.py file, is refused in one line."""
-    from bench.kwok import held_runs, write_kwok_runs
+    from bench.figures import held_runs
+    from bench.kwok import write_kwok_runs
 
     path = tmp_path / "results" / "kwok.json"
     path.parent.mkdir()
-    assert held_runs(path, 20) == []
+    assert held_runs(path, 20, "kwok.py") == []
     for name in ("a", "b", "c"):
-        write_kwok_runs(path, [*held_runs(path, 20), {**kwok_run(), "source": name}])
+        write_kwok_runs(path, [*held_runs(path, 20, "kwok.py"), {**kwok_run(), "source": name}])
     figures = json.loads(path.read_text())
     assert [r["source"] for r in figures["runs"]] == ["b", "c"]
     assert figures["source"] == "run 1: b; run 2: c"
@@ -433,7 +434,7 @@ def test_kwok_json_keeps_the_latest_two_runs(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     assert_pngs(tmp_path / "plots", ["kwok"])
     with pytest.raises(SystemExit, match=r"holds 20-node runs, this one is 5000: another file"):
-        held_runs(path, 5000)
+        held_runs(path, 5000, "kwok.py")
     path.write_text('{"runs": []}')
     with pytest.raises(SystemExit, match=r"not a kwok.py results file"):
-        held_runs(path, 20)
+        held_runs(path, 20, "kwok.py")
