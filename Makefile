@@ -8,7 +8,7 @@ FAKENVML := build/fakenvml
 HELM   := build/tools/helm
 CHART  := charts/capwatch
 
-.PHONY: setup demo test lint chart pytest fakenvml kube kube-up kube-down bench bench-stream bench-fanout bench-cluster bench-kwok bench-floor bench-plots clean proto proto-baseline dashboard
+.PHONY: setup demo test lint chart pytest fakenvml kube kube-up kube-down image lock node-up node-down bench bench-stream bench-fanout bench-cluster bench-kwok bench-floor bench-plots clean proto proto-baseline dashboard
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,34 @@ kube-up: kube
 kube-down: setup
 	$(BIN)/python scripts/realkube.py down --dir $(KUBE_DIR)
 
+# capwatch's image from the Dockerfile, with no registry: Debian base images made
+# with mmdebstrap, the build with buildah, an OCI archive under build/image
+# (scripts/build_image.py; needs root). Where it cannot build, the tests that run
+# the image skip, saying why; in CI that is a failure.
+image: setup
+	@if [ "$$(id -u)" = 0 ] && command -v buildah >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1; then \
+	  $(BIN)/python scripts/build_image.py; \
+	elif [ "$$CI" = true ]; then \
+	  echo "make image needs root, buildah and mmdebstrap" >&2; exit 1; \
+	else \
+	  echo "make image needs root, buildah and mmdebstrap: the image and real-node tests will skip"; \
+	fi
+
+# The image's hashed lock (requirements/image.txt), from pyproject.toml's dependencies.
+lock: setup
+	$(BIN)/uv pip compile pyproject.toml requirements/image-build.in --generate-hashes \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-header \
+	  --custom-compile-command "make lock" --output-file requirements/image.txt
+
+# A real node to use by hand (scripts/realnode.py, as root): `make node-up`, then
+# KUBECONFIG=build/realnode/kubeconfig and helm install -f build/realnode/values.yaml.
+NODE_DIR ?= build/realnode
+node-up: kube image fakenvml
+	$(BIN)/python scripts/realnode.py up --dir $(NODE_DIR)
+
+node-down: setup
+	$(BIN)/python scripts/realnode.py down --dir $(NODE_DIR)
+
 lint: setup chart
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -98,7 +126,7 @@ proto-baseline: setup
 	$(BIN)/buf build --output buf.baseline.binpb
 
 # pytest exits 5 when it collected nothing: for this suite that is a failure.
-pytest: setup fakenvml kube
+pytest: setup fakenvml kube image
 	LD_LIBRARY_PATH=$(CURDIR)/$(FAKENVML)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} \
 	  $(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc

@@ -1,8 +1,8 @@
-"""Build the real Kubernetes control plane that tests/realkube runs, from source.
+"""Build the real Kubernetes control plane (and a kubelet) that the tests run, from source.
 
 No download site or container registry is reachable from the project's
-machines, but the Go module proxy is: kube-apiserver, kube-controller-manager
-and kube-scheduler (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3) and
+machines, but the Go module proxy is: kube-apiserver, kube-controller-manager,
+kube-scheduler and kubelet (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3) and
 the KWOK controller (sigs.k8s.io/kwok/cmd/kwok) are built from the modules
 pinned in tools/kube, tools/etcd and tools/kwok (one Go module each: their
 dependency versions conflict).
@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "tools"
 MANIFEST = "build.json"
 # Bumped whenever the flags below change what a build produces: part of the key.
-RECIPE = "1"
+RECIPE = "2"
 HEARTBEAT_S = 30.0
 # What k8s's hack/lib/golang.sh builds release binaries with (non-debug): the
 # selinux tag, notest, and grpcnotrace (drops x/net/trace, smaller binaries).
@@ -96,6 +96,8 @@ TOOLS_BUILT = (
         "k8s.io/kubernetes/cmd/kube-scheduler",
         KUBE_TAGS,
     ),
+    # The real node's kubelet (scripts/realnode.py), static like the release's.
+    Tool("kubelet", "kube", "k8s.io/kubernetes", "k8s.io/kubernetes/cmd/kubelet", KUBE_TAGS),
 )
 NAMES = tuple(tool.name for tool in TOOLS_BUILT)
 # The kwok binary has no built-in Stages (kwokctl writes them into the config it

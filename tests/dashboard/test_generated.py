@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -15,20 +14,14 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from dashboards.capwatch import COMMITTED, expressions
+from tests.loadfile import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def gendashboard() -> ModuleType:
     """scripts/gendashboard.py, imported as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "gendashboard", ROOT / "scripts" / "gendashboard.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("gendashboard", ROOT / "scripts" / "gendashboard.py")
 
 
 def committed() -> dict[str, Any]:

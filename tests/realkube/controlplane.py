@@ -26,12 +26,10 @@ state.json (what ``scripts/realkube.py down`` reads).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import shutil
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -40,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
 
+from tests.loadfile import load_module
 from tests.realkube import flags, kubeconfig, processes
 from tests.realkube.access import ApiAccess, ApiError
 from tests.realkube.flags import (
@@ -69,17 +68,10 @@ class ControlPlaneError(Exception):
 
 def build_kube() -> ModuleType:
     """scripts/build_kube.py as a module (scripts/ is not a package)."""
-    name = "capwatch_build_kube"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "build_kube.py")
-    if spec is None or spec.loader is None:
-        raise ControlPlaneError("scripts/build_kube.py cannot be loaded")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before it runs: dataclasses look their module up in sys.modules.
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    try:
+        return load_module("capwatch_build_kube", ROOT / "scripts" / "build_kube.py")
+    except ImportError as err:
+        raise ControlPlaneError(str(err)) from None
 
 
 def ensure_writable(directory: Path) -> Path:

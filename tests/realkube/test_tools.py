@@ -3,7 +3,6 @@ version stamp, and the cache's key and completeness rules."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -13,6 +12,7 @@ from types import ModuleType
 
 import pytest
 
+from tests.loadfile import load_module
 from tests.realkube.controlplane import build_kube
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,16 +45,7 @@ require k8s.io/kubernetes v1.37.2
 
 def genreplace() -> ModuleType:
     """tools/kube/genreplace.py, imported as a module (tools/ is not a package)."""
-    name = "capwatch_genreplace"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, GENREPLACE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module("capwatch_genreplace", GENREPLACE)
 
 
 def needs_go() -> None:
