@@ -8,7 +8,7 @@ FAKENVML := build/fakenvml
 HELM   := build/tools/helm
 CHART  := charts/capwatch
 
-.PHONY: setup demo test lint chart pytest fakenvml kube kube-up kube-down image lock node-up node-down bench bench-stream bench-fanout bench-cluster bench-kwok bench-floor bench-plots clean proto proto-baseline dashboard
+.PHONY: setup demo test lint chart pytest fakenvml kube kube-up kube-down image lock node-up node-down bench bench-claims bench-stream bench-fanout bench-cluster bench-kwok bench-floor bench-plots clean proto proto-baseline dashboard
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -149,6 +149,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/kwok.py --json bench/results/kwok.json
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/connection_floor.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cap_series.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/claims_scale.py
 	$(BIN)/python bench/plot.py
 
 # PNG charts of the figures in bench/results/ (bench/README.md links them).
@@ -168,6 +169,10 @@ bench-kwok: setup kube
 # What one connection per node costs the side holding them, pull and push (two minutes).
 bench-floor: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/connection_floor.py
+
+# An agent against 20,000 ResourceClaims of other nodes, on the real API server (three minutes).
+bench-claims: setup kube fakenvml
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/claims_scale.py
 
 # The gRPC stream alone (about three minutes: spawns servers and 1,000-stream clients).
 bench-stream: setup

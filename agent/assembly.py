@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.attribution import Attributor, FsProcRoot
-from agent.claims import ClaimView
+from agent.capping import CapBounds
 from agent.devices import inventory
+from agent.dra.claims import ClaimView
 from agent.forgetting import ForgetRequests
 from agent.gpus import GpuBackend, GpuError
 from agent.health.faults import FaultTracker
@@ -116,6 +117,9 @@ def _assemble(
         policy=Policy(
             annotation_key=settings.annotation_key,
             safe_default_watts=settings.safe_default_watts,
+            bounds=CapBounds(
+                floor_watts=settings.cap_floor_watts, ceiling_watts=settings.cap_ceiling_watts
+            ),
         ),
         initial_device_count=count,
         release_unowned_idle=status is LoadStatus.UNREADABLE,
@@ -200,7 +204,7 @@ def _simulated(settings: AgentSettings) -> _Parts:
     proc_root = scratch.path
     world.materialise_procs(proc_root)
     node_name = settings.node_name or scenario.node_name
-    # The scenario's claims and slices, joined by the real agent's code (agent.claims).
+    # The scenario's claims and slices, joined by the real agent's code (agent.dra.claims).
     claims = (
         SimClaimView(world, node=node_name, uuid_attribute=settings.dra_uuid_attribute)
         if settings.dra_claims
@@ -221,15 +225,16 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
     # Imported here so that the simulator (demo, tests) never loads NVML or the
     # Kubernetes client.
     from agent.kube.claims import (  # noqa: PLC0415
+        CLAIM_READ_TIMEOUT_S,
         RESOURCE_API,
         SLICES_PATH,
-        ClaimInformer,
-        claims_path,
+        NodeClaims,
     )
     from agent.kube.client import (  # noqa: PLC0415
         CollectionRequests,
         KubernetesEventSink,
         KubernetesPodRequests,
+        ObjectRequests,
         api_client_from_environment,
         group_version_served,
     )
@@ -258,25 +263,18 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
         )
         view.start()
         claims = None
-        # On a server without resource.k8s.io/v1 (before 1.34, or the group switched
-        # off) no claim can exist: annotations only, said once. Unknown: read them.
-        served = settings.dra_claims and group_version_served(
-            api, RESOURCE_API, timeout=settings.interval_s
-        )
-        if served is False and settings.dra_claims:
-            log.warning(
-                "%s is not served by this API server: caps come from pod annotations only "
-                "(--dra-claims=false says so without asking)",
-                RESOURCE_API,
-            )
-        elif settings.dra_claims:
-            # Claims have no field to select this node's by: all of them (or the release
-            # namespace's, with a namespaced Role), and this node's slices.
-            claims = ClaimInformer(
+        if settings.dra_claims:
+            # This node's pods' claims, by name, and this node's slices: nothing
+            # cluster-wide. Whether resource.k8s.io/v1 is served is asked now and again
+            # later (a cluster upgraded while the agent runs needs no restart).
+            claims = NodeClaims(
                 node_name=settings.node_name,
-                claims=CollectionRequests(api, path=claims_path(settings.pod_namespace)),
                 slices=CollectionRequests(
                     api, path=SLICES_PATH, field_selector=f"spec.nodeName={settings.node_name}"
+                ),
+                objects=ObjectRequests(api, timeout=min(CLAIM_READ_TIMEOUT_S, settings.interval_s)),
+                served=lambda: group_version_served(
+                    api, RESOURCE_API, timeout=min(CLAIM_READ_TIMEOUT_S, settings.interval_s)
                 ),
                 clock=clock,
                 policy=policy,

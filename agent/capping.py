@@ -12,9 +12,11 @@ The precedence (docs/claims.md):
    anything else (missing, invalid, disagreeing, or no known pod at all) gives
    ``safe_default_watts``.
 
-The result is then clamped to the GPU's settable range and the direction of any
-clamp is recorded. Pure functions only: no I/O, never raises on annotation or
-parameter content.
+The result is then bounded by the cluster's floor and ceiling (``--cap-floor-watts``,
+``--cap-ceiling-watts``: every source, the safe default included), then clamped to
+the GPU's settable range; the clamp that decided the value written is recorded
+(the GPU's, when it moved the value again). Pure functions only: no I/O, never
+raises on annotation or parameter content.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.claims import ClaimCap, ClaimRef
+from agent.dra.claims import ClaimCap, ClaimRef
 from agent.gpus import PowerConstraints
 from agent.pods import PodInfo
 from agent.reports import CapSource, ClampDirection, SafeDefaultCause
@@ -52,6 +54,29 @@ def parse_watts(value: str | None) -> int | None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CapBounds:
+    """The cluster's floor and ceiling for every cap, in watts (None: no bound)."""
+
+    floor_watts: int | None = None
+    ceiling_watts: int | None = None
+
+    def __post_init__(self) -> None:
+        floor, ceiling = self.floor_watts, self.ceiling_watts
+        if floor is not None and ceiling is not None and floor > ceiling:
+            raise ValueError("the floor must not be above the ceiling")
+
+    def apply(self, watts: int) -> tuple[int, ClampDirection]:
+        if self.ceiling_watts is not None and watts > self.ceiling_watts:
+            return self.ceiling_watts, ClampDirection.LOWERED_TO_CEILING
+        if self.floor_watts is not None and watts < self.floor_watts:
+            return self.floor_watts, ClampDirection.RAISED_TO_FLOOR
+        return watts, ClampDirection.NONE
+
+
+NO_BOUNDS = CapBounds()
+
+
+@dataclass(frozen=True, kw_only=True)
 class CapDecision:
     """What to write on one GPU, and why."""
 
@@ -72,11 +97,14 @@ def resolve_cap(
     safe_default_watts: int,
     constraints: PowerConstraints,
     claims: Sequence[ClaimCap] = (),
+    bounds: CapBounds = NO_BOUNDS,
 ) -> CapDecision:
-    """Apply the cap policy to one GPU: the caps its claims ask (reserved for pods of this
+    """Apply the cap policy to one GPU: the caps its claims ask (claims of pods of this
     node), else the annotations of the pods whose processes run on it."""
     if claims:
-        return _from_claims(claims, safe_default_watts=safe_default_watts, constraints=constraints)
+        return _from_claims(
+            claims, safe_default_watts=safe_default_watts, constraints=constraints, bounds=bounds
+        )
     requested: int | None = None
     cause: SafeDefaultCause | None = None
     if not pods:
@@ -99,7 +127,7 @@ def resolve_cap(
     else:
         source = CapSource.SAFE_DEFAULT
         resolved = safe_default_watts
-    target, clamp = clamp_milliwatts(resolved * 1000, constraints)
+    target, clamp = bound_and_clamp(resolved, bounds, constraints)
     return CapDecision(
         requested_watts=requested,
         resolved_watts=resolved,
@@ -111,7 +139,11 @@ def resolve_cap(
 
 
 def _from_claims(
-    claims: Sequence[ClaimCap], *, safe_default_watts: int, constraints: PowerConstraints
+    claims: Sequence[ClaimCap],
+    *,
+    safe_default_watts: int,
+    constraints: PowerConstraints,
+    bounds: CapBounds,
 ) -> CapDecision:
     refs = tuple(sorted({cap.claim for cap in claims}))
     invalid = [cap for cap in claims if cap.watts is None]
@@ -128,7 +160,7 @@ def _from_claims(
     else:
         requested = claims[0].watts
     resolved = requested if requested is not None else safe_default_watts
-    target, clamp = clamp_milliwatts(resolved * 1000, constraints)
+    target, clamp = bound_and_clamp(resolved, bounds, constraints)
     return CapDecision(
         requested_watts=requested,
         resolved_watts=resolved,
@@ -139,6 +171,16 @@ def _from_claims(
         claims=refs,
         problem=problem,
     )
+
+
+def bound_and_clamp(
+    watts: int, bounds: CapBounds, constraints: PowerConstraints
+) -> tuple[int, ClampDirection]:
+    """The cluster's bounds, then the GPU's range: milliwatts to write, and the clamp
+    that decided them (the GPU's when both moved the value)."""
+    bounded, cluster = bounds.apply(watts)
+    target, gpu = clamp_milliwatts(bounded * 1000, constraints)
+    return target, gpu if gpu is not ClampDirection.NONE else cluster
 
 
 def clamp_milliwatts(milliwatts: int, constraints: PowerConstraints) -> tuple[int, ClampDirection]:

@@ -92,6 +92,15 @@ def event_body(event: PodEvent, *, node_name: str, wall: float) -> dict[str, Any
     }
 
 
+# What a clamp direction says in an Event: the bound it met, and whose range that is.
+_CLAMPS = {
+    ClampDirection.RAISED_TO_MIN: ("its minimum", "its range"),
+    ClampDirection.LOWERED_TO_MAX: ("its maximum", "its range"),
+    ClampDirection.RAISED_TO_FLOOR: ("the cluster's floor", "the cluster's bounds"),
+    ClampDirection.LOWERED_TO_CEILING: ("the cluster's ceiling", "the cluster's bounds"),
+}
+
+
 def events_for(result: GpuResult, *, annotation_key: str) -> list[PodEvent]:
     """What each owner pod of this GPU step should be told (nothing for idle steps).
 
@@ -107,10 +116,10 @@ def events_for(result: GpuResult, *, annotation_key: str) -> list[PodEvent]:
         message = f"{gpu}: {result.message}; the agent retries every cycle"
     elif result.clamp is not ClampDirection.NONE:
         kind, reason = EventType.WARNING, "PowerCapClamped"
-        bound = "minimum" if result.clamp is ClampDirection.RAISED_TO_MIN else "maximum"
+        bound, scope = _CLAMPS[result.clamp]
         message = (
-            f"{gpu} capped at {result.applied_watts} W, its {bound}: "
-            f"{result.requested_watts or result.resolved_watts} W is outside its range"
+            f"{gpu} capped at {result.applied_watts} W, {bound}: "
+            f"{result.requested_watts or result.resolved_watts} W is outside {scope}"
         )
     elif result.cap_source is CapSource.SAFE_DEFAULT and result.claims:
         # The claims decided (docs/claims.md); the step's message names each and why.

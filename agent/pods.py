@@ -31,6 +31,11 @@ class PodInfo:
 
     ref: PodRef
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # The ResourceClaims (in the pod's namespace) it uses, by name: those its spec
+    # names and those made for it from templates (its status names them).
+    claims: tuple[str, ...] = ()
+    # Succeeded or Failed: its processes are gone.
+    finished: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

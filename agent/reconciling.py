@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from agent.attribution import Attributor
-from agent.capping import resolve_cap
-from agent.claims import ClaimsSnapshot, ClaimView, NoClaims
+from agent.capping import NO_BOUNDS, CapBounds, resolve_cap
+from agent.dra.claims import ClaimsSnapshot, ClaimView, NoClaims
 from agent.folding import CycleBuilder
 from agent.forgetting import ForgetRequests
 from agent.gpus import GpuBackend, GpuError, WriteOutcome
@@ -80,6 +80,7 @@ class InFlightWrite:
 class Policy:
     annotation_key: str
     safe_default_watts: int
+    bounds: CapBounds = NO_BOUNDS
 
 
 class Reconciler:
@@ -179,17 +180,13 @@ class Reconciler:
 
         try:
             snapshot = self._pods.snapshot()
-            claims = self._claims.snapshot()
+            claims = self._claims.snapshot(snapshot)
         except PodViewError as exc:
             cycle.fail(CycleFailureKind.POD_VIEW_NOT_SYNCED, f"pod view not synced: {exc}")
             cycle.abort_reason = AbortReason.POD_VIEW_NOT_SYNCED
             return
-        for unmapped in claims.unmapped:
-            cycle.fail(
-                CycleFailureKind.CLAIM_DEVICE_UNMAPPED,
-                f"claim {unmapped.claim}: device {unmapped.device} has no UUID in this node's "
-                "ResourceSlices; its cap cannot be applied",
-            )
+        for problem in claims.problems:
+            cycle.fail(CycleFailureKind(problem.kind.value), problem.message())
 
         seen: set[str] = set()
         all_idle_released = True
@@ -287,7 +284,23 @@ class Reconciler:
 
         owned = self._store.get(uuid)
         # A claim's cap applies from its allocation, before any process runs.
-        claimed = claims.for_gpu(uuid, snapshot.pods)
+        claimed = claims.for_gpu(uuid)
+        owners, pods = self._owners(pids, snapshot) if pids else ((), [])
+        if not claimed:
+            # Fail closed: a claim of a pod on (or owning) this GPU cannot be read or
+            # resolved, so what it asks of this GPU is unknown. Leave the GPU as it is.
+            recorded = owned.owners if owned is not None else ()
+            held = claims.hold(pod.uid for pod in (*recorded, *owners))
+            if held is not None:
+                return GpuResult(
+                    index=index,
+                    uuid=uuid,
+                    outcome=Outcome.FAILED,
+                    reason=Reason.CLAIM_HELD,
+                    message=f"cap left as it is: {held.message()}",
+                    owners=tuple(sorted({*recorded, *owners})),
+                    process_count=len(pids),
+                )
         if not pids and not claimed:
             if owned is None and not self._release_unowned_idle:
                 return GpuResult(
@@ -295,7 +308,6 @@ class Reconciler:
                 )
             return self._release(index, uuid, owned.owners if owned else ())
 
-        owners, pods = self._owners(pids, snapshot)
         if claimed:
             owners = tuple(sorted({*owners, *(pod for cap in claimed for pod in cap.pods)}))
         try:
@@ -316,6 +328,7 @@ class Reconciler:
             safe_default_watts=self._policy.safe_default_watts,
             constraints=constraints,
             claims=claimed,
+            bounds=self._policy.bounds,
         )
         # Claimed before writing: a write that fails (a timeout, say), hangs, or
         # is cut short by a shutdown may still take effect, and what the record

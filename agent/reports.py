@@ -11,7 +11,8 @@ import functools
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.claims import ClaimRef, DeviceName
+from agent.dra.claims import ClaimRef
+from agent.dra.slices import DeviceName
 from agent.gpus import GpuErrorClass
 from agent.health.faults import Fault
 from agent.health.telemetry import DeviceEvent, Readings
@@ -43,6 +44,8 @@ class Reason(str, Enum):
     RELEASE_FAILED = "release_failed"
     RELEASE_DEFERRED = "release_deferred"
     INTERNAL_ERROR = "internal_error"
+    # Neither written nor released: a claim of its pods cannot be read or resolved.
+    CLAIM_HELD = "claim_held"
 
 
 class CapSource(str, Enum):
@@ -63,8 +66,10 @@ class SafeDefaultCause(str, Enum):
 
 class ClampDirection(str, Enum):
     NONE = "none"
-    RAISED_TO_MIN = "raised_to_min"
-    LOWERED_TO_MAX = "lowered_to_max"
+    RAISED_TO_MIN = "raised_to_min"  # the GPU's settable minimum
+    LOWERED_TO_MAX = "lowered_to_max"  # the GPU's settable maximum
+    RAISED_TO_FLOOR = "raised_to_floor"  # the cluster's floor (--cap-floor-watts)
+    LOWERED_TO_CEILING = "lowered_to_ceiling"  # the cluster's ceiling (--cap-ceiling-watts)
 
 
 class AbortReason(str, Enum):
@@ -82,8 +87,12 @@ class CycleFailureKind(str, Enum):
     INTERNAL_ERROR = "internal_error"
     # The ownership record could not be saved for several cycles in a row.
     STATE_UNWRITABLE = STATE_UNWRITABLE_TOKEN
-    # A claim asks a cap of a device of this node no ResourceSlice names a UUID for.
+    # A claim asks a cap of a device no slice of this node resolves to a GPU now.
     CLAIM_DEVICE_UNMAPPED = "claim_device_unmapped"
+    # A claim a pod of this node uses cannot be read (not found, not allocated, failed).
+    CLAIM_UNAVAILABLE = "claim_unavailable"
+    # The node's slices name another GPU for a device its workload was prepared on.
+    CLAIM_DEVICE_MOVED = "claim_device_moved"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 from agent.capping import DEFAULT_ANNOTATION_KEY, MAX_REQUEST_WATTS
-from agent.claims import DEFAULT_UUID_ATTRIBUTE
+from agent.dra.slices import DEFAULT_UUID_ATTRIBUTE
 from agent.health.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, XidPolicy, parse_xids
 from kit.errors import ConfigError
 from kit.flags import (
@@ -66,6 +66,8 @@ class AgentSettings:
     sim_limits_file: Path | None  # sim only; None = the simulated limits die with the process
     interval_s: float
     safe_default_watts: int
+    cap_floor_watts: int | None  # the cluster's floor for every cap; None: none
+    cap_ceiling_watts: int | None  # the cluster's ceiling for every cap; None: none
     annotation_key: str
     state_dir: Path
     proc_root: Path
@@ -111,6 +113,10 @@ def _watts(flag: str, text: str) -> int:
     if not 0 < value <= MAX_REQUEST_WATTS:
         raise ConfigError(flag, f"must be between 1 and {MAX_REQUEST_WATTS} watts, got {text!r}")
     return value
+
+
+def _optional_watts(flag: str, text: str) -> int | None:
+    return None if not text.strip() else _watts(flag, text)
 
 
 def _xid_ignore(flag: str, text: str) -> tuple[frozenset[int], bool]:
@@ -215,6 +221,22 @@ _OPTIONS = (
         default=str(DEFAULT_SAFE_DEFAULT_WATTS),
         convert=_watts,
         help="cap for GPUs whose pods ask for no single valid value",
+    ),
+    Option(
+        flag="--cap-ceiling-watts",
+        env="CAPWATCH_CAP_CEILING_WATTS",
+        default="",
+        convert=_optional_watts,
+        help="the cluster's ceiling: no cap from any source (annotation, claim, safe "
+        "default) is written above it; a request above it is clamped and reported "
+        "('' for none)",
+    ),
+    Option(
+        flag="--cap-floor-watts",
+        env="CAPWATCH_CAP_FLOOR_WATTS",
+        default="",
+        convert=_optional_watts,
+        help="the cluster's floor: no cap from any source is written below it ('' for none)",
     ),
     Option(
         flag="--annotation-key",
@@ -329,6 +351,8 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         sim_limits_file=values["sim_limits_file"],
         interval_s=values["interval"],
         safe_default_watts=values["safe_default_watts"],
+        cap_floor_watts=values["cap_floor_watts"],
+        cap_ceiling_watts=values["cap_ceiling_watts"],
         annotation_key=values["annotation_key"],
         state_dir=values["state_dir"],
         proc_root=values["proc_root"],
@@ -353,6 +377,11 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
 
 
 def _check_combination(settings: AgentSettings) -> None:
+    floor, ceiling = settings.cap_floor_watts, settings.cap_ceiling_watts
+    if floor is not None and ceiling is not None and floor > ceiling:
+        raise ConfigError(
+            "--cap-floor-watts", f"{floor} W is above --cap-ceiling-watts {ceiling} W"
+        )
     if settings.gpu_backend is BackendKind.NVML:
         # A simulator's flag first: it says which backend was meant (nvml is the default).
         if settings.scenario is not None:

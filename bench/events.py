@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from agent.claims import NoClaims
+from agent.dra.claims import NoClaims
 from agent.health.telemetry import EVENT_KEYS_LIMIT, DeviceEventKind, EventAccumulator
 from agent.pods import PodInfo, PodRef
 from agent.reconciling import Reconciler

@@ -179,7 +179,7 @@ class ServerSide:
     def _agent_loop(self, hub: Hub) -> AgentLoop:
         # bench/cycle.py's node (8 GPUs, 110 pods, 64 processes), pods in memory, no
         # claims: what a cycle costs the streams does not depend on where caps come from.
-        from agent.claims import NoClaims
+        from agent.dra.claims import NoClaims
         from bench.cycle import PODS, annotations, build_world, pod_uid, reconciler_for
         from tests.fakes.pods import StaticPodView
 

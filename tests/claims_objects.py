@@ -3,10 +3,19 @@ built for the claims tests: a slice like the NVIDIA DRA driver's, allocated clai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.claims import API_VERSION, DRIVER, KIND
+from agent.dra.claims import (
+    API_VERSION,
+    DRIVER,
+    KIND,
+    ClaimsSnapshot,
+    Pin,
+    ReadClaim,
+    claims_snapshot,
+)
+from agent.dra.slices import node_devices
 from agent.pods import PodRef
 
 NODE = "gpu-node-1"
@@ -85,3 +94,33 @@ def capwatch(parameters: Any, *requests: str) -> dict[str, Any]:
         "requests": list(requests),
         "opaque": {"driver": DRIVER, "parameters": parameters},
     }
+
+
+def join(
+    claims: Sequence[dict[str, Any]],
+    slices: Sequence[dict[str, Any]],
+    *,
+    node: str = NODE,
+    pins: Mapping[Pin, str] | None = None,
+    unread: Mapping[str, str] | None = None,
+    attribute: str = "uuid",
+) -> ClaimsSnapshot:
+    """claims_snapshot as the views call it: each claim read (in namespace ml) and used by
+    the pods it is reserved for; ``unread`` names claims that could not be read, and why."""
+    reads = [
+        ReadClaim(key=(c["metadata"]["namespace"], c["metadata"]["name"]), obj=c) for c in claims
+    ]
+    reads += [
+        ReadClaim(key=("ml", name), obj=None, problem=why) for name, why in (unread or {}).items()
+    ]
+    using = {read.key: _users(read.obj) for read in reads}
+    devices = node_devices(slices, node=node, uuid_attribute=attribute)
+    return claims_snapshot(reads, using, devices, pins=pins)
+
+
+def _users(obj: Mapping[str, Any] | None) -> tuple[PodRef, ...]:
+    if obj is None:
+        return (POD,)
+    namespace = obj["metadata"]["namespace"]
+    reserved = obj.get("status", {}).get("reservedFor", [])
+    return tuple(PodRef(namespace=namespace, name=r["name"], uid=r["uid"]) for r in reserved)

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.capping import DEFAULT_ANNOTATION_KEY, parse_watts, resolve_cap
+from agent.capping import DEFAULT_ANNOTATION_KEY, CapBounds, parse_watts, resolve_cap
+from agent.dra.claims import ClaimCap, ClaimRef
 from agent.gpus import PowerConstraints
 from agent.pods import PodInfo, PodRef
 from agent.reports import CapSource, ClampDirection, SafeDefaultCause
@@ -153,3 +154,67 @@ def test_any_annotations_give_a_value_within_constraints(values, safe, constrain
     assert 0 < decision.resolved_watts <= 100_000
     if decision.source is CapSource.SAFE_DEFAULT:
         assert decision.resolved_watts == safe
+
+
+BOUNDS = CapBounds(floor_watts=250, ceiling_watts=450)
+
+
+@pytest.mark.parametrize(
+    ("pods", "claims", "resolved", "written", "clamp"),
+    [
+        ([pod("a", "600")], [], 600, 450, ClampDirection.LOWERED_TO_CEILING),
+        ([pod("a", "220")], [], 220, 250, ClampDirection.RAISED_TO_FLOOR),
+        ([pod("a", "300")], [], 300, 300, ClampDirection.NONE),
+        ([pod("a", None)], [], 200, 250, ClampDirection.RAISED_TO_FLOOR),
+        ([], [("c", 690)], 690, 450, ClampDirection.LOWERED_TO_CEILING),
+    ],
+)
+def test_the_clusters_bounds_apply_to_every_source_and_are_named(
+    pods: list[PodInfo],
+    claims: list[tuple[str, int]],
+    resolved: int,
+    written: int,
+    clamp: ClampDirection,
+):
+    """A cap from an annotation, a claim or the safe default (here 200 W) outside the
+    cluster's floor and ceiling is written at the bound, and the clamp says which."""
+    decision = resolve_cap(
+        pods,
+        annotation_key=KEY,
+        safe_default_watts=200,
+        constraints=H100,
+        claims=[
+            ClaimCap(
+                claim=ClaimRef(namespace="ns", name=name), request="gpu", watts=w, problem=None
+            )
+            for name, w in claims
+        ],
+        bounds=BOUNDS,
+    )
+    assert decision.resolved_watts == resolved
+    assert (decision.target_milliwatts, decision.clamp) == (written * 1000, clamp)
+
+
+def test_the_gpus_range_decides_after_the_clusters_bounds():
+    """A ceiling above the GPU's maximum: the GPU's maximum is written and the clamp is
+    the GPU's; a floor below its minimum: the GPU's minimum, the GPU's clamp."""
+    high = CapBounds(ceiling_watts=900)
+    low = CapBounds(floor_watts=100)
+    for bounds, ask, written, clamp in (
+        (high, "1000", 700, ClampDirection.LOWERED_TO_MAX),
+        (low, "50", 200, ClampDirection.RAISED_TO_MIN),
+    ):
+        decision = resolve_cap(
+            [pod("a", ask)],
+            annotation_key=KEY,
+            safe_default_watts=300,
+            constraints=H100,
+            bounds=bounds,
+        )
+        assert (decision.target_milliwatts, decision.clamp) == (written * 1000, clamp)
+
+
+def test_a_floor_above_the_ceiling_is_refused():
+    """CapBounds refuses an empty range (the flags are checked before it is built)."""
+    with pytest.raises(ValueError, match="floor"):
+        CapBounds(floor_watts=500, ceiling_watts=400)

@@ -1,4 +1,4 @@
-"""Caps from DRA ResourceClaims (agent/claims.py): the PowerCap parameters, the join of
+"""Caps from DRA ResourceClaims (agent/dra/claims.py): the PowerCap parameters, the join of
 claims and this node's ResourceSlices, and the precedence over annotations
 (agent/capping.py)."""
 
@@ -12,19 +12,19 @@ import jsonschema
 import pytest
 
 from agent.capping import DEFAULT_ANNOTATION_KEY, resolve_cap
-from agent.claims import (
+from agent.dra.claims import (
     API_VERSION,
     KIND,
     ClaimCap,
+    ClaimProblemKind,
     ClaimRef,
-    DeviceName,
-    claims_snapshot,
     parse_power_cap,
 )
+from agent.dra.slices import DeviceName
 from agent.gpus import PowerConstraints
 from agent.pods import PodInfo
 from agent.reports import CapSource, SafeDefaultCause
-from tests.claims_objects import GPU, NODE, POD, UUIDS, capwatch, claim, power_cap, slice_of
+from tests.claims_objects import GPU, NODE, POD, UUIDS, capwatch, claim, join, power_cap, slice_of
 
 H100 = PowerConstraints(min_milliwatts=200_000, max_milliwatts=700_000, default_milliwatts=700_000)
 
@@ -66,7 +66,7 @@ def test_a_claims_devices_map_to_uuids_through_this_nodes_slices():
     """Each allocated device of this node's pool is joined to its slice's uuid attribute:
     per device its own cap (a claim with two requests gets two caps), the reserved pods
     kept, and the driver's name for every GPU of the slice."""
-    snapshot = claims_snapshot(
+    snapshot = join(
         [
             claim(
                 "two-gpus",
@@ -75,7 +75,6 @@ def test_a_claims_devices_map_to_uuids_through_this_nodes_slices():
             )
         ],
         [slice_of()],
-        node=NODE,
     )
     assert {
         u: [(c.claim.name, c.request, c.watts) for c in caps] for u, caps in snapshot.caps.items()
@@ -85,13 +84,13 @@ def test_a_claims_devices_map_to_uuids_through_this_nodes_slices():
     }
     assert snapshot.caps[UUIDS[1]][0].pods == (POD,)
     assert snapshot.names[UUIDS[3]] == DeviceName(driver=GPU, pool=NODE, device="gpu-3")
-    assert snapshot.unmapped == ()
+    assert snapshot.problems == ()
 
 
 def test_a_config_naming_no_request_applies_to_all_and_the_last_one_wins():
     """A capwatch.io config with no requests applies to every request; of several that
     apply, the last one counts (as DRA applies configs in order)."""
-    snapshot = claims_snapshot(
+    snapshot = join(
         [
             claim(
                 "c",
@@ -100,65 +99,66 @@ def test_a_config_naming_no_request_applies_to_all_and_the_last_one_wins():
             )
         ],
         [slice_of()],
-        node=NODE,
     )
     assert [c.watts for c in snapshot.caps[UUIDS[0]]] == [350]
 
 
-def test_claims_without_a_capwatch_config_or_of_other_nodes_are_not_caps():
-    """Another driver's opaque config, no config at all, an unallocated claim, or a device
-    in another node's pool: none of them asks this node for a cap."""
+def test_claims_without_a_capwatch_config_are_not_caps():
+    """Another driver's opaque config, no config at all, or an unallocated claim: none of
+    them asks this node for a cap (and none is a problem)."""
     other_driver = {"requests": [], "opaque": {"driver": GPU, "parameters": {"sharing": "x"}}}
     unallocated = claim("pending", {"gpu": "gpu-0"})
     del unallocated["status"]["allocation"]
-    snapshot = claims_snapshot(
+    snapshot = join(
         [
             claim("plain", {"gpu": "gpu-0"}),
             claim("theirs", {"gpu": "gpu-1"}, config=[other_driver]),
             unallocated,
-            claim("elsewhere", {"gpu": "gpu-2"}, config=[capwatch(power_cap(300))], pool="n2"),
         ],
         [slice_of(), slice_of("n2")],
-        node=NODE,
     )
     assert snapshot.caps == {}
-    assert snapshot.unmapped == ()
+    assert snapshot.problems == ()
 
 
-def test_a_capped_device_no_slice_names_a_uuid_for_is_reported_not_skipped():
-    """A claim's capped device in a pool of this node whose slice lacks the UUID attribute
-    (or lists no such device) is named as unmapped, claim and device."""
-    snapshot = claims_snapshot(
-        [claim("c", {"gpu": "gpu-9"}, config=[capwatch(power_cap(300))])],
-        [slice_of()],
-        node=NODE,
+@pytest.mark.parametrize(
+    ("device", "pool", "attribute", "why"),
+    [
+        ("gpu-9", NODE, "uuid", f"device gpu-9 is not in pool {GPU}/{NODE} generation 1"),
+        ("gpu-0", NODE, "serial", f"device {GPU}/{NODE}/gpu-0 has no 'uuid' attribute"),
+        ("gpu-0", "n2", "uuid", f"no ResourceSlice of this node lists pool {GPU}/n2"),
+    ],
+)
+def test_a_capped_device_no_slice_resolves_is_named_and_holds_its_pods(
+    device: str, pool: str, attribute: str, why: str
+):
+    """A claim's capped device that this node's slices do not resolve (not in the pool,
+    no UUID attribute, a pool no slice of this node lists) is a named problem, claim and
+    device, and its pods are held: their GPUs keep their caps."""
+    snapshot = join(
+        [claim("c", {"gpu": device}, config=[capwatch(power_cap(300))], pool=pool)],
+        [slice_of(attribute=attribute), slice_of("n2")],
     )
-    (lost,) = snapshot.unmapped
-    assert (str(lost.claim), str(lost.device)) == ("ml/c", f"{GPU}/{NODE}/gpu-9")
+    (lost,) = snapshot.problems
+    assert lost.kind is ClaimProblemKind.UNMAPPED
+    assert (str(lost.claim), str(lost.device), lost.detail) == (
+        "ml/c",
+        f"{GPU}/{pool}/{device}",
+        why,
+    )
+    assert snapshot.caps == {}
+    assert snapshot.hold([POD.uid]) is lost
 
 
 @pytest.mark.parametrize("attribute", ["uuid", "gpu.nvidia.com/uuid"])
 def test_the_uuid_attribute_may_be_qualified_by_the_drivers_domain(attribute: str):
     """An unqualified attribute name is in the driver's domain: a slice that writes it
     either way is read the same."""
-    snapshot = claims_snapshot(
+    snapshot = join(
         [claim("c", {"gpu": "gpu-0"}, config=[capwatch(power_cap(300))])],
         [slice_of(attribute=attribute)],
-        node=NODE,
     )
     assert list(snapshot.caps) == [UUIDS[0]]
-
-
-def test_a_claims_cap_counts_only_for_pods_bound_to_this_node():
-    """The caps for a GPU are those of claims reserved for a pod of this node's pod view;
-    a claim reserved for no pod here (or for none yet) asks nothing of it."""
-    snapshot = claims_snapshot(
-        [claim("c", {"gpu": "gpu-0"}, config=[capwatch(power_cap(300))])],
-        [slice_of()],
-        node=NODE,
-    )
-    assert snapshot.for_gpu(UUIDS[0], {POD.uid: object()})
-    assert snapshot.for_gpu(UUIDS[0], {"some-other-pod": object()}) == ()
 
 
 # --- the precedence: claims first, then annotations ---------------------------------------
@@ -278,8 +278,6 @@ def test_a_capwatch_config_without_parameters_is_an_invalid_request_not_none():
     capwatch for something it cannot read: the claim is named with the problem, not
     skipped as if it asked nothing."""
     empty = {"source": "FromClaim", "requests": [], "opaque": {"driver": "capwatch.io"}}
-    snapshot = claims_snapshot(
-        [claim("c", {"gpu": "gpu-0"}, config=[empty])], [slice_of()], node=NODE
-    )
+    snapshot = join([claim("c", {"gpu": "gpu-0"}, config=[empty])], [slice_of()])
     (found,) = snapshot.caps[UUIDS[0]]
     assert (found.watts, found.problem) == (None, "parameters are not an object")

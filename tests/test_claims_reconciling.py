@@ -1,10 +1,13 @@
 """Caps from DRA claims in the reconciler: a GPU allocated to a capped claim is capped
-from the first cycle, with no process on it; released when the claim or its pod goes;
-each GPU its own cap; invalid parameters and unmapped devices named, never skipped."""
+from the first cycle, with no process on it; released when its pod goes; each GPU its
+own cap; invalid parameters and unmapped devices named, never skipped; a claim that
+cannot be read or resolved leaves its pods' GPUs as they are (fail closed)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +22,7 @@ from agent.reports import (
     CycleReport,
     GpuResult,
     Outcome,
+    Reason,
     SafeDefaultCause,
 )
 from kit.clock import FakeClock
@@ -57,6 +61,24 @@ class Node:
             claims=self.claims,
         )
 
+    def set_claims(
+        self, claims: list[dict[str, Any]], *, pods: tuple[PodInfo, ...] | None = None
+    ) -> None:
+        """The claims the API server holds; each pod of the node names those reserved for it."""
+        self.claims.set(claims=claims)
+        using: dict[str, list[str]] = {}
+        for obj in claims:
+            for reserved in obj["status"].get("reservedFor", []):
+                using.setdefault(reserved["uid"], []).append(obj["metadata"]["name"])
+        self.uses(using, pods=pods)
+
+    def uses(self, using: dict[str, list[str]], *, pods: tuple[PodInfo, ...] | None = None) -> None:
+        """The node's pods (by default the two), each naming the claims ``using`` gives it."""
+        self.pods.set_pods(
+            replace(pod, claims=tuple(using.get(pod.ref.uid, ())))
+            for pod in (pods if pods is not None else (PodInfo(ref=POD), ANNOTATED))
+        )
+
     def cycle(self) -> CycleReport:
         return self.reconciler.reconcile_once()
 
@@ -77,7 +99,7 @@ def test_an_idle_gpu_is_capped_from_the_first_cycle_after_its_claim_is_allocated
     """No process runs on GPU 1, but a claim reserved for a pod of this node holds it and
     asks 350 W: the first cycle caps it, says the cap came from the claim and names it;
     the other GPUs stay idle."""
-    node.claims.set(claims=[claim("train", {"gpu": "gpu-1"}, config=[capwatch(power_cap(350))])])
+    node.set_claims([claim("train", {"gpu": "gpu-1"}, config=[capwatch(power_cap(350))])])
     report = node.cycle()
     assert report.enforced
     result = gpu(report, 1)
@@ -96,22 +118,46 @@ def test_an_idle_gpu_is_capped_from_the_first_cycle_after_its_claim_is_allocated
     assert [gpu(report, i).outcome for i in (0, 2)] == [Outcome.IDLE, Outcome.IDLE]
 
 
-def test_the_cap_is_released_when_the_claim_is_deallocated(node: Node):
-    """Once the claim's allocation is gone, the next cycle restores the GPU's default."""
-    node.claims.set(claims=[claim("train", {"gpu": "gpu-0"}, config=[capwatch(power_cap(350))])])
+def test_the_cap_is_released_when_no_pod_uses_the_claim(node: Node):
+    """Once the pod stops naming the claim (its claims released with it), the next cycle
+    restores the GPU's default."""
+    node.set_claims([claim("train", {"gpu": "gpu-0"}, config=[capwatch(power_cap(350))])])
     assert gpu(node.cycle(), 0).applied_watts == 350
-    node.claims.set(claims=[])
+    node.set_claims([])
     result = gpu(node.cycle(), 0)
     assert result.outcome is Outcome.RELEASED
     assert node.watts(0) == DEFAULT_W
 
 
-def test_the_cap_is_released_when_the_pod_it_was_reserved_for_is_gone(node: Node):
-    """A claim still allocated but reserved for a pod no longer bound to this node asks
-    nothing: the GPU goes back to its default."""
-    node.claims.set(claims=[claim("train", {"gpu": "gpu-0"}, config=[capwatch(power_cap(350))])])
+def test_a_claim_its_pod_still_names_but_that_cannot_be_read_keeps_the_cap(node: Node):
+    """The pod still names its claim, but the claim cannot be read (here: not found): its
+    GPU is neither released nor written, and the cycle fails naming the claim; once the
+    claim reads again the cap goes on as before."""
+    train = claim("train", {"gpu": "gpu-0"}, config=[capwatch(power_cap(350))])
+    node.set_claims([train])
+    assert gpu(node.cycle(), 0).applied_watts == 350
+    node.claims.set(claims=[])  # the pod still names it
+    report = node.cycle()
+    assert not report.enforced
+    (failure,) = report.failures
+    assert failure.kind is CycleFailureKind.CLAIM_UNAVAILABLE
+    assert failure.message == "claim ml/train: not found"
+    result = gpu(report, 0)
+    assert (result.outcome, result.reason) == (Outcome.FAILED, Reason.CLAIM_HELD)
+    assert result.message == "cap left as it is: claim ml/train: not found"
+    assert node.watts(0) == 350
+    node.claims.set(claims=[train])
+    report = node.cycle()
+    assert report.enforced
+    assert gpu(report, 0).applied_watts == 350
+
+
+def test_the_cap_is_released_when_the_pod_using_it_is_gone(node: Node):
+    """A claim still allocated but used by no pod bound to this node asks nothing: the
+    GPU goes back to its default."""
+    node.set_claims([claim("train", {"gpu": "gpu-0"}, config=[capwatch(power_cap(350))])])
     node.cycle()
-    node.pods.set_pods([ANNOTATED])
+    node.uses({}, pods=(ANNOTATED,))
     assert gpu(node.cycle(), 0).outcome is Outcome.RELEASED
     assert node.watts(0) == DEFAULT_W
 
@@ -119,7 +165,7 @@ def test_the_cap_is_released_when_the_pod_it_was_reserved_for_is_gone(node: Node
 def test_invalid_parameters_give_the_safe_default_with_the_claim_named(node: Node):
     """watts as a string is not a PowerCap: the GPU gets the safe default, counted as
     invalid, and its message names the claim and what is wrong with it."""
-    node.claims.set(claims=[claim("bad", {"gpu": "gpu-2"}, config=[capwatch(power_cap("350"))])])
+    node.set_claims([claim("bad", {"gpu": "gpu-2"}, config=[capwatch(power_cap("350"))])])
     result = gpu(node.cycle(), 2)
     assert (result.outcome, result.cap_source, result.safe_default_cause) == (
         Outcome.ENFORCED,
@@ -135,8 +181,8 @@ def test_invalid_parameters_give_the_safe_default_with_the_claim_named(node: Nod
 def test_each_gpu_gets_its_own_cap_from_two_claims_or_two_requests(node: Node):
     """One pod holding two claims, and one claim with two requests configured apart: each
     GPU is capped at what its own claim or request asks."""
-    node.claims.set(
-        claims=[
+    node.set_claims(
+        [
             claim("a", {"gpu": "gpu-0"}, config=[capwatch(power_cap(150))]),
             claim(
                 "b",
@@ -154,11 +200,11 @@ def test_a_claim_wins_over_the_annotation_of_the_pod_running_on_its_gpu(node: No
     """The annotated pod's process runs on GPU 0 and asks 150 W; a claim holding GPU 0
     asks 350 W: the claim decides. When the claim goes, the annotation rules again."""
     node.rig.run(0, {4242: ANNOTATED.ref.uid})
-    node.claims.set(claims=[claim("train", {"gpu": "gpu-0"}, config=[capwatch(power_cap(350))])])
+    node.set_claims([claim("train", {"gpu": "gpu-0"}, config=[capwatch(power_cap(350))])])
     result = gpu(node.cycle(), 0)
     assert (result.cap_source, result.applied_watts) == (CapSource.CLAIM, 350)
     assert set(result.owners) == {POD, ANNOTATED.ref}
-    node.claims.set(claims=[])
+    node.set_claims([])
     result = gpu(node.cycle(), 0)
     assert (result.cap_source, result.applied_watts) == (CapSource.ANNOTATION, 150)
 
@@ -166,8 +212,8 @@ def test_a_claim_wins_over_the_annotation_of_the_pod_running_on_its_gpu(node: No
 def test_a_capped_device_without_a_uuid_fails_the_cycle_naming_claim_and_device(node: Node):
     """A claim asks a cap of gpu-7, which this node's slice does not list: the cycle is not
     enforced and says which claim and device; the GPUs themselves are still reconciled."""
-    node.claims.set(
-        claims=[
+    node.set_claims(
+        [
             claim("lost", {"gpu": "gpu-7"}, config=[capwatch(power_cap(300))]),
             claim("fine", {"gpu": "gpu-0"}, config=[capwatch(power_cap(300))]),
         ]
@@ -176,7 +222,10 @@ def test_a_capped_device_without_a_uuid_fails_the_cycle_naming_claim_and_device(
     assert not report.enforced
     (failure,) = report.failures
     assert failure.kind is CycleFailureKind.CLAIM_DEVICE_UNMAPPED
-    assert f"claim ml/lost: device {GPU}/{NODE}/gpu-7 has no UUID" in failure.message
+    assert failure.message == (
+        f"claim ml/lost: device {GPU}/{NODE}/gpu-7: device gpu-7 is not in pool "
+        f"{GPU}/{NODE} generation 1"
+    )
     assert gpu(report, 0).applied_watts == 300
 
 
@@ -187,3 +236,36 @@ def test_a_claims_view_out_of_sync_aborts_the_cycle_before_any_write(node: Node)
     report = node.cycle()
     assert report.abort_reason is AbortReason.POD_VIEW_NOT_SYNCED
     assert node.rig.writes() == []
+
+
+def test_the_nodes_slice_deleted_keeps_the_claims_cap_and_fails_the_cycle(node: Node):
+    """A driver restart deletes the node's ResourceSlice: the claimed GPU is not
+    uncapped (the claim's cap stays on the GPU its device resolved to) and the cycle is
+    not enforced, naming the claim, the device and the GPU the cap stays on."""
+    node.set_claims([claim("train", {"gpu": "gpu-1"}, config=[capwatch(power_cap(350))])])
+    assert node.cycle().enforced
+    node.claims.set(slices=[])
+    report = node.cycle()
+    assert not report.enforced
+    (failure,) = report.failures
+    assert failure.kind is CycleFailureKind.CLAIM_DEVICE_UNMAPPED
+    assert failure.message.endswith(f"; its cap stays on {UUIDS[1]}")
+    result = gpu(report, 1)
+    assert (result.outcome, result.applied_watts) == (Outcome.ENFORCED, 350)
+    assert node.watts(1) == 350
+
+
+def test_a_republish_naming_another_gpu_for_the_device_does_not_move_the_cap(node: Node):
+    """The driver republishes with gpu-1 now naming GPU 2's UUID: GPU 1 (where the
+    workload was prepared) keeps the cap, GPU 2 is left idle, and the move is named."""
+    node.set_claims([claim("train", {"gpu": "gpu-1"}, config=[capwatch(power_cap(350))])])
+    node.cycle()
+    swapped = slice_of(uuids=(UUIDS[0], UUIDS[2], UUIDS[1]))
+    swapped["spec"]["pool"]["generation"] = 2
+    node.claims.set(slices=[swapped])
+    report = node.cycle()
+    (failure,) = report.failures
+    assert failure.kind is CycleFailureKind.CLAIM_DEVICE_MOVED
+    assert UUIDS[2] in failure.message
+    assert (gpu(report, 1).applied_watts, gpu(report, 2).outcome) == (350, Outcome.IDLE)
+    assert node.watts(2) == DEFAULT_W

@@ -1,4 +1,4 @@
-"""The claims join (agent/claims.py) on objects exactly as a real API server served them.
+"""The claims join (agent/dra/claims.py) on objects exactly as a real API server served them.
 
 tests/data/dra-served-v1.37.json was recorded on the real control plane of
 tests/realkube (its "recorded" field says how): what kube-scheduler writes into a claim's
@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from agent.claims import ClaimRef, DeviceName, claims_snapshot
+from agent.dra.claims import ClaimRef
+from agent.dra.slices import DeviceName
+from tests.claims_objects import join
 
 SERVED = Path(__file__).parent / "data" / "dra-served-v1.37.json"
 NODE = "n1"
@@ -30,10 +32,8 @@ def served() -> dict[str, Any]:
 
 
 def _caps(served: dict[str, Any], *claims: str) -> dict[str, list[tuple[str, str, int | None]]]:
-    snapshot = claims_snapshot(
-        [served["claims"][name] for name in claims], [served["slice"]], node=NODE
-    )
-    assert snapshot.unmapped == ()
+    snapshot = join([served["claims"][name] for name in claims], [served["slice"]], node=NODE)
+    assert snapshot.problems == ()
     return {
         uuid: [(str(c.claim), c.request, c.watts) for c in caps]
         for uuid, caps in snapshot.caps.items()
@@ -64,19 +64,19 @@ def test_each_request_of_a_claim_gets_the_config_that_names_it(served: dict[str,
     }
 
 
-def test_the_reservation_names_the_pod_and_only_its_node_s_pods_count(
+def test_the_cap_names_the_claim_as_served_and_the_pods_that_use_it(
     served: dict[str, Any],
 ) -> None:
-    """``reservedFor`` as served (resource pods, name, uid; no apiGroup) is the pod the cap
-    is for: with that pod on the node the GPU is claimed, without it not."""
-    snapshot = claims_snapshot([served["claims"]["one"]], [served["slice"]], node=NODE)
+    """The cap carries the claim's identity as served (namespace, name, uid) and the
+    pods that use it (here the pod its ``reservedFor`` names, as served: resource pods,
+    name, uid; no apiGroup)."""
+    snapshot = join([served["claims"]["one"]], [served["slice"]], node=NODE)
     ((cap,),) = snapshot.caps.values()
     assert [(p.namespace, p.name, p.uid) for p in cap.pods] == [("ns", "p", served["pod_uid"])]
     assert cap.claim == ClaimRef(
         namespace="ns", name="one", uid=served["claims"]["one"]["metadata"]["uid"]
     )
-    assert snapshot.for_gpu("GPU-0", {served["pod_uid"]: object()}) == (cap,)
-    assert snapshot.for_gpu("GPU-0", {}) == ()
+    assert snapshot.for_gpu("GPU-0") == (cap,)
 
 
 def test_a_released_claim_caps_nothing_and_the_slice_still_names_every_gpu(
@@ -88,7 +88,7 @@ def test_a_released_claim_caps_nothing_and_the_slice_still_names_every_gpu(
     released = served["deallocated"]
     assert released["status"] == {}
     assert "finalizers" not in released["metadata"]
-    snapshot = claims_snapshot([released], [served["slice"]], node=NODE)
+    snapshot = join([released], [served["slice"]], node=NODE)
     assert snapshot.caps == {}
     assert snapshot.names == {
         f"GPU-{i}": DeviceName(driver="gpu.nvidia.com", pool=NODE, device=f"gpu-{i}")

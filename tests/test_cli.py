@@ -34,6 +34,17 @@ CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
         (["--interval", "7200"], {}, "--interval: must be at most 3600"),
         (["--safe-default-watts", "300W"], {}, "--safe-default-watts: must be a positive integer"),
         (["--safe-default-watts", "0"], {}, "--safe-default-watts: must be between 1 and"),
+        (["--cap-ceiling-watts", "500W"], {}, "--cap-ceiling-watts: must be a positive integer"),
+        (
+            [],
+            {"CAPWATCH_CAP_FLOOR_WATTS": "0"},
+            "--cap-floor-watts (from $CAPWATCH_CAP_FLOOR_WATTS): must be between 1 and",
+        ),
+        (
+            ["--cap-floor-watts", "400", "--cap-ceiling-watts", "300"],
+            {},
+            "--cap-floor-watts: 400 W is above --cap-ceiling-watts 300 W",
+        ),
         (["--gpu-backend", "dcgm"], {}, "--gpu-backend: must be one of nvml, sim"),
         (["--annotation-key", "bad key"], {}, "--annotation-key: not a valid annotation key"),
         (["--annotation-key", "Bad_Prefix/x"], {}, "--annotation-key: prefix of"),
@@ -98,6 +109,22 @@ def test_pod_silence_bound_defaults_to_30_seconds_and_has_an_env_twin(tmp_path: 
     assert agent_settings(parser.parse_args(base), env).pod_silence_bound_s == 12.5
     flagged = parser.parse_args([*base, "--pod-silence-bound", "45"])
     assert agent_settings(flagged, env).pod_silence_bound_s == 45.0
+
+
+def test_cap_bounds_are_off_unless_set_by_flag_or_twin(tmp_path: Path):
+    """No floor and no ceiling unless set; each has an environment twin, the flag wins,
+    and an empty value is none."""
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    base = ["--gpu-backend", "sim", "--state-dir", str(tmp_path / "state")]
+    plain = agent_settings(parser.parse_args(base), {})
+    assert (plain.cap_floor_watts, plain.cap_ceiling_watts) == (None, None)
+    env = {"CAPWATCH_CAP_CEILING_WATTS": "450", "CAPWATCH_CAP_FLOOR_WATTS": "150"}
+    twins = agent_settings(parser.parse_args(base), env)
+    assert (twins.cap_floor_watts, twins.cap_ceiling_watts) == (150, 450)
+    flagged = parser.parse_args([*base, "--cap-ceiling-watts", "500", "--cap-floor-watts", ""])
+    both = agent_settings(flagged, env)
+    assert (both.cap_floor_watts, both.cap_ceiling_watts) == (None, 500)
 
 
 def test_device_health_flags_default_to_the_device_plugins_xids_and_ten_minutes(tmp_path: Path):

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.claims import ClaimRef, DeviceName
 from agent.devices import DeviceState, fold, inventory
+from agent.dra.claims import ClaimRef
+from agent.dra.slices import DeviceName
 from agent.gpus import GpuErrorClass
 from agent.health.faults import Fault, FaultKind
 from agent.health.telemetry import Readings, ThrottleReason

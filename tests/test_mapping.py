@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from agent.claims import ClaimRef, DeviceName
 from agent.devices import DeviceHealth, device_health, fold, inventory
+from agent.dra.claims import ClaimRef
+from agent.dra.slices import DeviceName
 from agent.gpus import GpuErrorClass
 from agent.health.faults import Fault, FaultKind
 from agent.health.telemetry import Readings, ThrottleReason

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agent.claims import ClaimRef
+from agent.dra.claims import ClaimRef
 from agent.gpus import GpuErrorClass
 from agent.podevents import (
     EventSinkError,
@@ -103,6 +103,18 @@ def safe_default(cause: SafeDefaultCause) -> GpuResult:
         (
             dataclasses.replace(
                 CAPPED,
+                requested_watts=600,
+                resolved_watts=600,
+                applied_watts=450,
+                clamp=ClampDirection.LOWERED_TO_CEILING,
+            ),
+            EventType.WARNING,
+            "PowerCapClamped",
+            "capped at 450 W, the cluster's ceiling: 600 W is outside the cluster's bounds",
+        ),
+        (
+            dataclasses.replace(
+                CAPPED,
                 outcome=Outcome.FAILED,
                 reason=Reason.WRITE_FAILED,
                 message="cap write failed: no_permission",
@@ -137,6 +149,7 @@ def safe_default(cause: SafeDefaultCause) -> GpuResult:
         "disagree",
         "missing",
         "clamped",
+        "clamped-to-ceiling",
         "failed",
         "claim",
         "claim-invalid",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.claims import API_VERSION, KIND
+from agent.dra.claims import API_VERSION, KIND
 from agent.gpus import GpuErrorClass
 from agent.sim.proctree import CgroupLayout, QosClass
 from agent.sim.scenario import (

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent.claims import API_VERSION, KIND
+from agent.dra.claims import API_VERSION, KIND
 from agent.sim.cycles import ALWAYS, CycleRange
 from agent.sim.scenario import load_scenario, parse_scenario
 from agent.sim.scenario_claims import (

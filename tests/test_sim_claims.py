@@ -15,7 +15,8 @@ import yaml
 from agent.assembly import build_agent
 from agent.attribution import Attributor
 from agent.capping import DEFAULT_ANNOTATION_KEY
-from agent.claims import API_VERSION, DRIVER, KIND, ClaimRef, DeviceName
+from agent.dra.claims import API_VERSION, DRIVER, KIND, ClaimRef
+from agent.dra.slices import DeviceName
 from agent.ownership import OwnershipStore
 from agent.reconciling import Policy, Reconciler
 from agent.reports import CapSource, CycleFailureKind, CycleReport, Outcome, SafeDefaultCause
@@ -160,16 +161,17 @@ def test_a_claim_is_an_allocated_resource_claim_reserved_for_its_pods() -> None:
 
 
 def test_the_claim_view_serves_the_agents_join_for_the_current_cycle() -> None:
-    """The view's snapshot is agent.claims.claims_snapshot of the cycle's objects: the
-    claim's cap on GPU 0's UUID (with the pods it is reserved for) while allocated, the
-    driver's name for every GPU; a closed view raises PodViewError as the pod view does."""
+    """The view's snapshot is agent.dra.claims.claims_snapshot of the claims the cycle's pods
+    use (each pod uses the claims reserved for it): the claim's cap on GPU 0's UUID (with
+    its pod) while allocated, the driver's name for every GPU; a closed view raises
+    PodViewError as the pod view does."""
     world = SimWorld(scenario())
     view = SimClaimView(world, node="n")
+    pods = SimPodView(world)
     world.begin_cycle(1)
-    assert view.snapshot().caps == {}
+    assert view.snapshot(pods.snapshot()).caps == {}
     world.begin_cycle(3)
-    snap = view.snapshot()
-    assert view.snapshot() is snap, "one join per cycle"
+    snap = view.snapshot(pods.snapshot())
     (cap,) = snap.caps[GPU0]
     assert (cap.claim.namespace, cap.claim.name, cap.watts, cap.problem) == (
         "ml",
@@ -179,10 +181,11 @@ def test_the_claim_view_serves_the_agents_join_for_the_current_cycle() -> None:
     )
     assert [p.uid for p in cap.pods] == [UID_A]
     assert snap.names[GPU1] == DeviceName(driver=NVIDIA, pool="n", device="gpu-1")
+    assert snap.problems == ()
     view.close()
     view.close()
     with pytest.raises(PodViewError, match="closed"):
-        view.snapshot()
+        view.snapshot(pods.snapshot())
 
 
 def test_a_claimed_gpu_is_capped_before_its_process_starts(tmp_path: Path) -> None:

@@ -1,188 +1,278 @@
-"""The agent's claims view: the DRA ResourceClaims and ResourceSlices that cap this node.
+"""The agent's claims view: the ResourceClaims this node's pods use, and its ResourceSlices.
 
-Two informers (:mod:`agent.kube.informer`, so a steady cycle makes no request): the
-ResourceClaims (every namespace, or the release's with a namespaced Role: a claim has
-no field a selector could pick this node by), of which only those with an allocation
-are kept, and this node's ResourceSlices (``spec.nodeName=<node>``). The snapshot a
-cycle reads is :func:`agent.claims.claims_snapshot` of the two, rebuilt only when
-either changed; it is handed out only while both informers are in sync, else
-:class:`~kit.errors.PodViewError` aborts the cycle, as the pod view does (a cycle
-that cannot see the claims might write a GPU the annotation's or the safe default's
-cap where a claim asked another).
+Read as the kubelet reads them, never cluster-wide:
+
+- **claims by name.** The pod view already holds this node's pods, and each pod
+  names its claims (:func:`agent.kube.wire.pod_claims`). A claim is fetched with
+  one GET when a pod of this node first uses it (and again when another pod does),
+  then kept while some pod of the node still uses it: a claim's spec never changes
+  and its allocation is written before its pod is bound. A steady cycle makes no
+  request; 20,000 claims of other nodes cost nothing here. RBAC: ``get``.
+- **this node's slices** by list+watch with ``fieldSelector=spec.nodeName=<node>``
+  (:mod:`agent.kube.informer`). A cycle that cannot trust them aborts before touching
+  a GPU, as with the pod view.
+
+A claim that cannot be read (not found, not allocated, the request failed) is not
+an abort: it is a named failure of the cycle and its pods' GPUs keep their caps
+(:mod:`agent.dra.claims`), and it is read again next cycle.
+
+resource.k8s.io/v1 may not be served (before Kubernetes 1.34, or switched off), or
+may start or stop being served while the agent runs: when it is not, no slice is
+watched and no claim read, and any claim a pod names is a named failure; the group
+is asked about again every ``recheck_s`` and the slices' watch starts when it is
+served. Each change is one log line.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
 
-from agent.claims import DEFAULT_UUID_ATTRIBUTE, ClaimsSnapshot, claims_snapshot
+from agent.dra.claims import (
+    ClaimKey,
+    ClaimsSnapshot,
+    Pin,
+    ReadClaim,
+    allocated,
+    claims_snapshot,
+    referenced_claims,
+)
+from agent.dra.slices import DEFAULT_UUID_ATTRIBUTE, NodeDevices, node_devices
 from agent.kube.informer import Informer, ListWatchRequests, WatchPolicy
-from agent.kube.wire import as_mapping
+from agent.kube.wire import ApiStatusError, as_mapping
+from agent.pods import PodSnapshot
 from kit.clock import Clock
-from kit.errors import PodViewError
+from kit.errors import CapwatchError, PodViewError
+
+log = logging.getLogger(__name__)
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 SLICES_PATH = f"{RESOURCE_API}/resourceslices"
+NOT_FOUND = 404
+RECHECK_S = 60.0
+# A claim is read inside a cycle: each GET (and the served check) is bounded by this
+# or the interval, whichever is shorter.
+CLAIM_READ_TIMEOUT_S = 5.0
 
 
-def claims_path(namespace: str | None) -> str:
-    """Every namespace's ResourceClaims, or one namespace's (a namespaced Role)."""
-    where = "" if namespace is None else f"/namespaces/{namespace}"
-    return f"{RESOURCE_API}{where}/resourceclaims"
+def claim_path(namespace: str, name: str) -> str:
+    return f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{name}"
 
 
-class _Objects:
-    """One informer's cache: raw objects by UID, those ``keep`` accepts. ``on_change``
-    is told (with the lock held) the object before and after each change."""
+class ObjectReader(Protocol):
+    def get(self, path: str) -> Mapping[str, Any]:
+        """The object at path. Raises ApiStatusError on an HTTP error status, and another
+        CapwatchError when no answer came."""
+        ...
 
-    def __init__(
-        self,
-        lock: threading.Lock,
-        on_change: Callable[[Mapping[str, Any] | None, Mapping[str, Any] | None], None],
-        keep: Callable[[Mapping[str, Any]], bool],
-        after: Callable[[], None],
-    ) -> None:
-        self._lock = lock
-        self._on_change = on_change
-        self._keep = keep
-        self._after = after  # once the lock is let go
+
+class _Slices:
+    """The slices informer's cache (by UID); ``on_change`` is told after each change."""
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        self.lock = threading.Lock()
         self.objects: dict[str, Mapping[str, Any]] = {}
+        self.version = 0  # bumped on every change: the devices are rebuilt on the next read
+        self._on_change = on_change
 
     def replace(self, objects: list[Mapping[str, Any]]) -> None:
-        kept = {_uid(o): o for o in objects if self._keep(o)}
-        with self._lock:
-            before, self.objects = self.objects, kept
-            for uid in before.keys() | kept.keys():
-                if before.get(uid) != kept.get(uid):
-                    self._on_change(before.get(uid), kept.get(uid))
-        self._after()
+        kept = {_uid(o): o for o in objects}
+        with self.lock:
+            changed = kept != self.objects
+            self.objects = kept
+            self.version += changed
+        if changed:
+            self._on_change()
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         uid = _uid(obj)
-        with self._lock:
-            old = self.objects.get(uid)
-            if kind == "DELETED" or not self._keep(obj):
+        with self.lock:
+            if kind == "DELETED":
                 if self.objects.pop(uid, None) is None:
                     return
-                self._on_change(old, None)
             else:
                 self.objects[uid] = obj
-                self._on_change(old, obj)
-        self._after()
+            self.version += 1
+        self._on_change()
 
 
 def _uid(obj: Mapping[str, Any]) -> str:
     return str(as_mapping(obj.get("metadata")).get("uid") or "")
 
 
-def _allocated(claim: Mapping[str, Any]) -> bool:
-    return bool(as_mapping(claim.get("status")).get("allocation"))
+class _State(str, Enum):
+    UNKNOWN = "unknown"
+    SERVED = "served"
+    NOT_SERVED = "not_served"
 
 
-def _pool(item: Mapping[str, Any]) -> tuple[str, str]:
-    spec = as_mapping(item.get("spec"))
-    return (str(spec.get("driver") or ""), str(as_mapping(spec.get("pool")).get("name") or ""))
+@dataclass(frozen=True, kw_only=True)
+class _Held:
+    """A claim read and allocated, and the pods (by uid) that used it when it was read."""
+
+    obj: Mapping[str, Any]
+    pods: frozenset[str]
 
 
-def _in_pools(claim: Mapping[str, Any], pools: set[tuple[str, str]]) -> bool:
-    devices = as_mapping(
-        as_mapping(as_mapping(claim.get("status")).get("allocation")).get("devices")
-    )
-    results = devices.get("results")
-    return any(
-        (str(r.get("driver") or ""), str(r.get("pool") or "")) in pools
-        for r in (results if isinstance(results, list) else [])
-        if isinstance(r, Mapping)
-    )
+class NodeClaims:
+    """A :class:`~agent.dra.claims.ClaimView` over the API server (see the module docstring).
 
-
-class ClaimInformer:
-    """A :class:`~agent.claims.ClaimView` kept current by two list+watch threads."""
+    ``served`` asks whether resource.k8s.io/v1 is served (True, False, or None when it
+    cannot tell: taken as served). ``on_change`` is the agent's
+    :class:`~agent.nudge.Nudge`, told when this node's slices change.
+    """
 
     def __init__(
         self,
         *,
         node_name: str,
-        claims: ListWatchRequests,
         slices: ListWatchRequests,
+        objects: ObjectReader,
+        served: Callable[[], bool | None],
         clock: Clock,
         policy: WatchPolicy,
         uuid_attribute: str = DEFAULT_UUID_ATTRIBUTE,
         rng: random.Random | None = None,
         on_change: Callable[[], None] | None = None,
+        recheck_s: float = RECHECK_S,
     ) -> None:
-        """``on_change``: called (on an informer's thread) when a claim allocated in a
-        pool of this node, or this node's slices, changed: the agent's
-        :class:`~agent.nudge.Nudge`. Claims of other nodes change nothing here."""
         self._node = node_name
+        self._requests = slices
+        self._objects = objects
+        self._served = served
+        self._clock = clock
+        self._policy = policy
         self._attribute = uuid_attribute
-        self._lock = threading.Lock()
-        self._published: ClaimsSnapshot | None = None  # None: rebuild on the next snapshot
+        self._rng = rng
         self._notify = on_change
-        self._dirty = False  # a change on_change must hear of, once the lock is let go
-        self._claims = _Objects(self._lock, self._claim_changed, _allocated, self._told)
-        self._slices = _Objects(self._lock, self._slice_changed, lambda _: True, self._told)
-        self._informers = (
-            Informer(
-                what="resource claims",
-                requests=claims,
-                store=self._claims,
-                clock=clock,
-                policy=policy,
-                rng=rng,
-            ),
-            Informer(
-                what=f"resource slices of node {node_name}",
-                requests=slices,
-                store=self._slices,
-                clock=clock,
-                policy=policy,
-                rng=rng,
-            ),
-        )
+        self._recheck_s = recheck_s
+        self._slices = _Slices(self._changed)
+        self._informer: Informer | None = None
+        self._state = _State.UNKNOWN
+        self._checked_at: float | None = None
+        self._held: dict[ClaimKey, _Held] = {}
+        self._pins: Mapping[Pin, str] = {}
+        self._devices: tuple[int, NodeDevices] | None = None
+        self._closed = False
+        self.requests = 0  # claim GETs made, for benchmarks and tests
 
-    # Called with the lock held: mark, and tell on_change once the lock is let go.
-    def _claim_changed(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
-        self._published = None
-        pools = {_pool(item) for item in self._slices.objects.values()}
-        if any(_in_pools(claim, pools) for claim in (old, new) if claim is not None):
-            self._dirty = True
-
-    def _slice_changed(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
-        self._published = None
-        self._dirty = True
-
-    def _told(self) -> None:
-        with self._lock:
-            dirty, self._dirty = self._dirty, False
-        if dirty and self._notify is not None:
+    def _changed(self) -> None:
+        if self._notify is not None:
             self._notify()
 
+    # -- resource.k8s.io served or not ------------------------------------------------
+
     def start(self) -> None:
-        claims, slices = self._informers
-        claims.start(f"capwatch-claims-{self._node}")
-        slices.start(f"capwatch-slices-{self._node}")
+        self._check_served()
 
-    def close(self) -> None:
-        for informer in self._informers:
-            informer.close()
+    def _check_served(self) -> None:
+        self._checked_at = self._clock.monotonic()
+        if self._served() is False:
+            if self._state is not _State.NOT_SERVED:
+                if self._state is _State.SERVED:
+                    log.warning(
+                        "%s is no longer served: no claim is read until it is", RESOURCE_API
+                    )
+                else:
+                    log.warning(
+                        "%s is not served by this API server: caps come from pod annotations "
+                        "(asked again every %gs)",
+                        RESOURCE_API,
+                        self._recheck_s,
+                    )
+                if self._informer is not None:
+                    self._informer.close()
+                    self._informer = None
+                self._slices.replace([])
+                self._state = _State.NOT_SERVED
+            return
+        if self._state is not _State.SERVED:
+            if self._state is _State.NOT_SERVED:
+                log.info("%s is served now: reading this node's claims and slices", RESOURCE_API)
+            self._informer = Informer(
+                what=f"resource slices of node {self._node}",
+                requests=self._requests,
+                store=self._slices,
+                clock=self._clock,
+                policy=self._policy,
+                rng=self._rng,
+            )
+            self._informer.start(f"capwatch-slices-{self._node}")
+            self._state = _State.SERVED
 
-    def snapshot(self) -> ClaimsSnapshot:
-        for informer in self._informers:
+    @property
+    def served(self) -> bool:
+        """Whether the view reads claims now (resource.k8s.io/v1 served when last asked)."""
+        return self._informer is not None
+
+    # -- the cycle's read ---------------------------------------------------------------
+
+    def snapshot(self, pods: PodSnapshot) -> ClaimsSnapshot:
+        if self._closed:
+            raise PodViewError("claims view is closed")
+        self._recheck()
+        using = referenced_claims(pods)
+        for key in self._held.keys() - using.keys():
+            del self._held[key]
+        devices = self._node_devices()
+        reads = [self._read(key, refs) for key, refs in sorted(using.items())]
+        snapshot = claims_snapshot(reads, using, devices, pins=self._pins)
+        self._pins = snapshot.pins
+        return snapshot
+
+    def _recheck(self) -> None:
+        """Ask again whether the group is served: every recheck_s while it is not, and
+        while it is, when the slices' requests answer 404."""
+        due = (
+            self._checked_at is None
+            or self._clock.monotonic() - self._checked_at >= self._recheck_s
+        )
+        informer = self._informer
+        if due and (informer is None or informer.failing_status == NOT_FOUND):
+            self._check_served()
+
+    def _node_devices(self) -> NodeDevices:
+        informer = self._informer
+        if informer is not None:
             if informer.closed:
                 raise PodViewError("claims view is closed")
             problem = informer.sync_problem()
             if problem is not None:
-                raise PodViewError(f"claims view {problem}")
-        with self._lock:
-            if self._published is None:
-                self._published = claims_snapshot(
-                    list(self._claims.objects.values()),
-                    list(self._slices.objects.values()),
-                    node=self._node,
-                    uuid_attribute=self._attribute,
-                )
-            return self._published
+                raise PodViewError(f"resource slices {problem}")
+        with self._slices.lock:
+            version, objects = self._slices.version, list(self._slices.objects.values())
+        if self._devices is None or self._devices[0] != version:
+            # Rebuilt only when the slices changed: a steady cycle reuses them.
+            built = node_devices(objects, node=self._node, uuid_attribute=self._attribute)
+            self._devices = (version, built)
+        return self._devices[1]
+
+    def _read(self, key: ClaimKey, refs: tuple[Any, ...]) -> ReadClaim:
+        uids = frozenset(ref.uid for ref in refs)
+        held = self._held.get(key)
+        if held is not None and uids <= held.pods:
+            return ReadClaim(key=key, obj=held.obj)
+        if self._informer is None:
+            return ReadClaim(key=key, obj=None, problem=f"{RESOURCE_API} is not served")
+        self.requests += 1
+        try:
+            obj = self._objects.get(claim_path(*key))
+        except ApiStatusError as err:
+            why = "not found" if err.status == NOT_FOUND else f"cannot be read: {err}"
+            return ReadClaim(key=key, obj=None, problem=why)
+        except CapwatchError as err:
+            return ReadClaim(key=key, obj=None, problem=f"cannot be read: {err}")
+        if not allocated(obj):
+            return ReadClaim(key=key, obj=None, problem="not allocated")
+        self._held[key] = _Held(obj=obj, pods=uids | (held.pods if held else frozenset()))
+        return ReadClaim(key=key, obj=obj)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._informer is not None:
+            self._informer.close()

@@ -23,10 +23,10 @@ import kubernetes.config
 import urllib3
 import urllib3.exceptions
 
-from agent.kube.wire import ApiStatusError, retry_after_seconds, status_message
+from agent.kube.wire import ApiStatusError, read_json, retry_after_seconds, status_message
 from agent.podevents import EventSinkError, PodEvent, event_body
 from kit.clock import Clock
-from kit.errors import ConfigError
+from kit.errors import CapwatchError, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,9 @@ def group_version_served(
         )
         response = client.call_api("GET", url, header_params=headers, _request_timeout=timeout)
         status = response.response.status
+        # Read to the end before the connection goes back to the pool: left unread, the
+        # body would be the next request's status line on that connection.
+        response.response.drain_conn()
         response.response.release_conn()
     except kubernetes.client.ApiException as err:
         status = int(err.status or 0)
@@ -236,33 +239,65 @@ class CollectionRequests:
             query["labelSelector"] = self._selector
         if self._fields:
             query["fieldSelector"] = self._fields
+        return raw_get(self._client, self._path, query=query, timeout=timeout)
+
+
+def raw_get(
+    client: kubernetes.client.ApiClient,
+    path: str,
+    *,
+    query: dict[str, str] | None = None,
+    timeout: tuple[float, float],
+) -> urllib3.HTTPResponse:
+    """GET path as a raw response (its body unread); an HTTP error status raises
+    :class:`~agent.kube.wire.ApiStatusError`, the connection back in the pool."""
+    try:
+        _, url, headers, _, _ = client.param_serialize(
+            "GET",
+            path,
+            query_params=list((query or {}).items()),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = client.call_api("GET", url, header_params=headers, _request_timeout=timeout)
+    except kubernetes.client.ApiException as err:
+        raise ApiStatusError(
+            status=int(err.status or 0),
+            reason=str(err.reason or ""),
+            retry_after=retry_after_seconds(err.headers),
+        ) from err
+    raw: urllib3.HTTPResponse = response.response
+    if not 200 <= raw.status < 300:
         try:
-            _, url, headers, _, _ = self._client.param_serialize(
-                "GET",
-                self._path,
-                query_params=list(query.items()),
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-            )
-            response = self._client.call_api(
-                "GET", url, header_params=headers, _request_timeout=timeout
-            )
-        except kubernetes.client.ApiException as err:
-            raise ApiStatusError(
-                status=int(err.status or 0),
-                reason=str(err.reason or ""),
-                retry_after=retry_after_seconds(err.headers),
-            ) from err
-        raw: urllib3.HTTPResponse = response.response
-        if not 200 <= raw.status < 300:
-            try:
-                reason = status_message(raw.data)
-            finally:
-                raw.release_conn()
-            raise ApiStatusError(
-                status=raw.status, reason=reason, retry_after=retry_after_seconds(raw.headers)
-            )
-        return raw
+            reason = status_message(raw.data)
+        finally:
+            raw.release_conn()
+        raise ApiStatusError(
+            status=raw.status, reason=reason, retry_after=retry_after_seconds(raw.headers)
+        )
+    return raw
+
+
+class ObjectRequests:
+    """GET of single objects by path (a ResourceClaim by namespace and name), decoded.
+
+    An HTTP error status raises :class:`~agent.kube.wire.ApiStatusError`; transport
+    errors and an undecodable body raise :class:`ObjectReadError`, one line each.
+    """
+
+    def __init__(self, client: kubernetes.client.ApiClient, *, timeout: float) -> None:
+        self._client = client
+        self._timeout = timeout
+
+    def get(self, path: str) -> dict[str, Any]:
+        try:
+            return read_json(raw_get(self._client, path, timeout=(self._timeout, self._timeout)))
+        except _TRANSIENT as err:
+            raise ObjectReadError(f"GET {path}: {_describe(err)}") from err
+
+
+class ObjectReadError(CapwatchError):
+    """A GET failed short of an HTTP answer (connection, timeout, a body not JSON)."""
 
 
 def _describe(err: BaseException) -> str:

@@ -186,6 +186,7 @@ class Informer:
         self._down_since: float | None = None
         self._delivered_at = 0.0  # the API server's last delivery (monotonic)
         self._last_error = ""
+        self._failing_status: int | None = None  # the HTTP status it is down with
         self._list_requests = 0
         self._watch_requests = 0
         self._relists = 0
@@ -253,6 +254,13 @@ class Informer:
                 )
             return None
 
+    @property
+    def failing_status(self) -> int | None:
+        """The HTTP status its last request failed with, while it has not recovered
+        (404: the collection is not served); None when up, or down for another reason."""
+        with self._lock:
+            return self._failing_status
+
     def stats(self) -> InformerStats:
         with self._lock:
             return InformerStats(
@@ -290,9 +298,10 @@ class Informer:
                     # list would loop, so that one backs off below.
                     continue
             except (*_TRANSIENT, _WatchError) as err:
-                if isinstance(err, ApiStatusError) and err.status == 429:
-                    retry_after = err.retry_after
-                self._mark_down(_describe(err))
+                status = err.status if isinstance(err, ApiStatusError) else None
+                if status == 429:
+                    retry_after = err.retry_after  # type: ignore[union-attr]
+                self._mark_down(_describe(err), status=status)
             except Exception as err:
                 # A bug must not kill the view silently: log it, back off, go on.
                 logger.exception("informer loop failed what=%r", self._what)
@@ -316,17 +325,21 @@ class Informer:
         """The one backoff (full jitter under the ceiling); Retry-After as a floor."""
         return self._retry.delay(attempt, self._rng, floor_s=retry_after)
 
-    def _mark_down(self, reason: str, *, count_error: bool = True) -> None:
+    def _mark_down(
+        self, reason: str, *, count_error: bool = True, status: int | None = None
+    ) -> None:
         with self._lock:
             if count_error:
                 self._errors += 1
             self._last_error = reason
+            self._failing_status = status
             if self._down_since is None:
                 self._down_since = self._clock.monotonic()
 
     def _mark_up(self) -> None:
         with self._lock:
             self._down_since = None
+            self._failing_status = None
 
     def _delivered(self) -> None:
         """The API server delivered something: the silence clock restarts."""
@@ -361,6 +374,7 @@ class Informer:
             self._resource_version = resource_version
             self._listed = True
             self._down_since = None
+            self._failing_status = None
             self._delivered_at = self._clock.monotonic()
         logger.info(
             "listed what=%r objects=%d resource_version=%s",

@@ -4,8 +4,8 @@ serves them, joined by the agent's own code.
 :func:`slice_objects` and :func:`claim_objects` build resource.k8s.io/v1 ResourceSlice
 and ResourceClaim dicts (the shape the real informer lists and watches) from a
 scenario (:mod:`agent.sim.scenario_claims`); :class:`SimClaimView` implements
-:class:`~agent.claims.ClaimView` over a :class:`~agent.sim.world.SimWorld` by
-passing the current cycle's objects to :func:`agent.claims.claims_snapshot`, so the
+:class:`~agent.dra.claims.ClaimView` over a :class:`~agent.sim.world.SimWorld` by
+passing the current cycle's objects to :func:`agent.dra.claims.claims_snapshot`, so the
 simulator exercises the very join the real agent uses.
 """
 
@@ -14,7 +14,17 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agent.claims import DEFAULT_UUID_ATTRIBUTE, DRIVER, ClaimsSnapshot, claims_snapshot
+from agent.dra.claims import (
+    DRIVER,
+    ClaimKey,
+    ClaimsSnapshot,
+    Pin,
+    ReadClaim,
+    claims_snapshot,
+    referenced_claims,
+)
+from agent.dra.slices import DEFAULT_UUID_ATTRIBUTE, node_devices
+from agent.pods import PodSnapshot
 from agent.sim.scenario import Scenario
 from agent.sim.scenario_claims import ClaimSpec, SliceSpec, derived_slices
 from agent.sim.world import SimWorld
@@ -124,8 +134,9 @@ def claim_objects(scenario: Scenario, *, cycle: int, node: str) -> list[dict[str
 
 
 class SimClaimView:
-    """A :class:`~agent.claims.ClaimView` over a :class:`SimWorld`: the claims of the
-    current cycle joined with the node's slices by :func:`agent.claims.claims_snapshot`.
+    """A :class:`~agent.dra.claims.ClaimView` over a :class:`SimWorld`: the claims the
+    cycle's pods use (each pod uses the claims reserved for it), read from the
+    scenario and joined with the node's slices by :func:`agent.dra.claims.claims_snapshot`.
 
     ``node`` is the agent's node name (the scenario's unless the agent is told
     another): derived slices are its pool. ``uuid_attribute`` is the agent's
@@ -138,22 +149,27 @@ class SimClaimView:
     ) -> None:
         self._world = world
         self._node = node
-        self._uuid_attribute = uuid_attribute
-        self._slices = slice_objects(world.scenario, node=node)
-        self._cached: tuple[int, ClaimsSnapshot] | None = None
+        self._devices = node_devices(
+            slice_objects(world.scenario, node=node), node=node, uuid_attribute=uuid_attribute
+        )
+        self._pins: dict[Pin, str] = {}
         self._closed = False
 
-    def snapshot(self) -> ClaimsSnapshot:
+    def snapshot(self, pods: PodSnapshot) -> ClaimsSnapshot:
         if self._closed:
             raise PodViewError("simulated claim view is closed")
-        cycle = self._world.cycle
-        if self._cached is None or self._cached[0] != cycle:
-            claims = claim_objects(self._world.scenario, cycle=cycle, node=self._node)
-            joined = claims_snapshot(
-                claims, self._slices, node=self._node, uuid_attribute=self._uuid_attribute
-            )
-            self._cached = (cycle, joined)
-        return self._cached[1]
+        served: dict[ClaimKey, dict[str, Any]] = {
+            (obj["metadata"]["namespace"], obj["metadata"]["name"]): obj
+            for obj in claim_objects(self._world.scenario, cycle=self._world.cycle, node=self._node)
+        }
+        using = referenced_claims(pods)
+        reads = [
+            ReadClaim(key=key, obj=served.get(key), problem="" if key in served else "not found")
+            for key in sorted(using)
+        ]
+        snapshot = claims_snapshot(reads, using, self._devices, pins=self._pins)
+        self._pins = dict(snapshot.pins)
+        return snapshot
 
     def close(self) -> None:
         self._closed = True

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
-from agent.claims import DEFAULT_UUID_ATTRIBUTE
+from agent.dra.slices import DEFAULT_UUID_ATTRIBUTE
 from agent.pods import PodRef
 from agent.sim.cycles import ALWAYS, CycleRange
 

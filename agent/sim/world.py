@@ -32,7 +32,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
@@ -395,7 +395,18 @@ class SimWorld:
 
     def _pods_now(self) -> PodSnapshot:
         with self._lock:
-            pods = {p.uid: p.info() for p in self._pods if p.cycles.contains(self._cycle)}
+            # A pod uses the claims reserved for it while they are allocated, as a real
+            # pod names the claims its spec and status list.
+            claims: dict[str, list[str]] = {}
+            for claim in self.scenario.claims:
+                if claim.cycles.contains(self._cycle):
+                    for pod in claim.reserved_for:
+                        claims.setdefault(pod.uid, []).append(claim.name)
+            pods = {
+                p.uid: replace(p.info(), claims=tuple(sorted(claims.get(p.uid, ()))))
+                for p in self._pods
+                if p.cycles.contains(self._cycle)
+            }
             return PodSnapshot(pods=pods, resource_version=str(self._generation))
 
 

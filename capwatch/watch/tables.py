@@ -146,14 +146,20 @@ def gpu_table(devices: Iterable[pb.DeviceStatus], width: int | None) -> list[Lin
     return table(GPU_COLUMNS, [(gpu_cells(d), gpu_styles(d)) for d in devices], width)
 
 
+# The bound a clamped cap met: the GPU's range, or the cluster's floor and ceiling.
+_CLAMP_MARKS = {
+    pb.CLAMP_DIRECTION_LOWERED_TO_MAX: " (max)",
+    pb.CLAMP_DIRECTION_RAISED_TO_MIN: " (min)",
+    pb.CLAMP_DIRECTION_LOWERED_TO_CEILING: " (ceiling)",
+    pb.CLAMP_DIRECTION_RAISED_TO_FLOOR: " (floor)",
+}
+
+
 def gpu_cells(device: pb.DeviceStatus) -> tuple[str, ...]:
     applied = "-"
     if device.HasField("applied_watts"):
         applied = f"{device.applied_watts} W"
-        if device.clamp_direction == pb.CLAMP_DIRECTION_LOWERED_TO_MAX:
-            applied += " (max)"
-        elif device.clamp_direction == pb.CLAMP_DIRECTION_RAISED_TO_MIN:
-            applied += " (min)"
+        applied += _CLAMP_MARKS.get(device.clamp_direction, "")
     source = _enum(pb.CapSource, device.cap_source, "CAP_SOURCE_")
     if device.safe_default_cause != pb.SAFE_DEFAULT_CAUSE_UNSPECIFIED:
         source += "/" + _enum(pb.SafeDefaultCause, device.safe_default_cause, "SAFE_DEFAULT_CAUSE_")

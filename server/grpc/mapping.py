@@ -92,6 +92,8 @@ CLAMP_DIRECTION: Mapping[ClampDirection, pb.ClampDirection.ValueType] = {
     ClampDirection.NONE: pb.CLAMP_DIRECTION_NONE,
     ClampDirection.RAISED_TO_MIN: pb.CLAMP_DIRECTION_RAISED_TO_MIN,
     ClampDirection.LOWERED_TO_MAX: pb.CLAMP_DIRECTION_LOWERED_TO_MAX,
+    ClampDirection.RAISED_TO_FLOOR: pb.CLAMP_DIRECTION_RAISED_TO_FLOOR,
+    ClampDirection.LOWERED_TO_CEILING: pb.CLAMP_DIRECTION_LOWERED_TO_CEILING,
 }
 
 

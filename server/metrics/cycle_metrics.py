@@ -224,7 +224,8 @@ class Metrics:
         )
         self._clamped = Counter(
             "capwatch_clamped",
-            "GPU steps whose cap was clamped into the GPU's settable range, by direction.",
+            "GPU steps whose cap was clamped into the GPU's settable range or the "
+            "cluster's floor and ceiling, by direction.",
             ["direction"],
             registry=r,
         )

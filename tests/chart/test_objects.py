@@ -8,7 +8,8 @@ from tests.chart.support import NAMESPACE, Helm, Manifests, ports
 POD_READ = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
 EVENT_CREATE = {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
 DRA_GROUP, READ = ["resource.k8s.io"], ["list", "watch"]
-CLAIM_READ = {"apiGroups": DRA_GROUP, "resources": ["resourceclaims"], "verbs": READ}
+# Claims by name only (those the node's pods name): never listed or watched.
+CLAIM_READ = {"apiGroups": DRA_GROUP, "resources": ["resourceclaims"], "verbs": ["get"]}
 SLICE_READ = {"apiGroups": DRA_GROUP, "resources": ["resourceslices"], "verbs": READ}
 RULES = [*POD_READ, EVENT_CREATE, CLAIM_READ, SLICE_READ]
 # A Role cannot grant cluster-scoped slices: the namespaced install has them apart.
@@ -23,8 +24,8 @@ def test_default_objects(default: Manifests) -> None:
 
 
 def test_cluster_role_reads_pods_and_claims_and_creates_events_only(default: Manifests) -> None:
-    """The ClusterRole grants exactly list/watch on core pods and on resource.k8s.io claims
-    and slices, and create on core events, bound to the chart's account."""
+    """The ClusterRole grants exactly list/watch on core pods and resource.k8s.io slices,
+    get on claims, and create on core events, bound to the chart's account."""
     role = default.one("ClusterRole")
     assert role["rules"] == RULES
     binding = default.one("ClusterRoleBinding")
@@ -71,8 +72,9 @@ def test_namespaced_rbac_is_a_role_with_the_same_rules(rendered: dict[str, Manif
 def test_no_agent_rbac_object_grants_more_than_reads_and_event_creation(
     rendered: dict[str, Manifests],
 ) -> None:
-    """Across every variant, the agent's roles grant together exactly list/watch of pods,
-    claims and slices and event create (the controller's roles are test_controller's)."""
+    """Across every variant, the agent's roles grant together exactly list/watch of pods
+    and slices, get of claims and event create (the controller's roles are
+    test_controller's)."""
     for manifests in rendered.values():
         roles = [
             role

@@ -1,8 +1,8 @@
-"""A settable, in-memory claims view for loop tests (implements agent.claims.ClaimView).
+"""A settable, in-memory claims view for loop tests (implements agent.dra.claims.ClaimView).
 
-It joins the claims and slices it is given with the agent's own
-:func:`agent.claims.claims_snapshot`, so the tests drive the same join the real
-informer-backed view hands out.
+It reads the claims the cycle's pods name from those it is given and joins them
+with the slices by the agent's own :func:`agent.dra.claims.claims_snapshot`, so the
+tests drive the same join the real view hands out.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agent.claims import ClaimsSnapshot, claims_snapshot
+from agent.dra.claims import ClaimsSnapshot, Pin, ReadClaim, claims_snapshot, referenced_claims
+from agent.dra.slices import node_devices
+from agent.pods import PodSnapshot
 from kit.errors import PodViewError
 
 
@@ -25,6 +27,8 @@ class StaticClaimView:
         self._claims: list[Mapping[str, Any]] = []
         self._slices: list[Mapping[str, Any]] = []
         self._unsynced: str | None = None
+        self._pins: dict[Pin, str] = {}
+        self.reads = 0  # claims read, as the real view GETs them
 
     def set(
         self,
@@ -42,13 +46,24 @@ class StaticClaimView:
         with self._lock:
             self._unsynced = reason
 
-    def snapshot(self) -> ClaimsSnapshot:
+    def snapshot(self, pods: PodSnapshot) -> ClaimsSnapshot:
+        """The claims the pods name, read from those set (a claim not set: not found)."""
         with self._lock:
             if self._unsynced is not None:
                 raise PodViewError(self._unsynced)
-            return claims_snapshot(
-                self._claims, self._slices, node=self._node, uuid_attribute=self._attribute
-            )
+            served = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in self._claims}
+            using = referenced_claims(pods)
+            self.reads += len(using)
+            reads = [
+                ReadClaim(
+                    key=key, obj=served.get(key), problem="" if key in served else "not found"
+                )
+                for key in sorted(using)
+            ]
+            devices = node_devices(self._slices, node=self._node, uuid_attribute=self._attribute)
+            snapshot = claims_snapshot(reads, using, devices, pins=self._pins)
+            self._pins = dict(snapshot.pins)
+            return snapshot
 
     def close(self) -> None:
         return

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from tests.fakes.kube_events import EventStore, EventWrite
@@ -83,6 +83,9 @@ class FakeKubeApiServer:
         if resource_api:
             self.claims = ClaimStore(versions=self.versions, history_limit=history_limit)
             self.slices = SliceStore(versions=self.versions, history_limit=history_limit)
+        # Whether resource.k8s.io/v1 answers now (serve_resource_api): a cluster upgraded,
+        # or the group switched off, while its clients run.
+        self.resource_served = resource_api
         self.faults = Faults(cond=self.versions.cond)
         self.watch_controls = WatchControls()
         self.gone_mode: GoneMode = gone_mode
@@ -142,9 +145,11 @@ class FakeKubeApiServer:
         pod_ip: str | None = None,
         created: str | None = None,
         deletion_timestamp: str | None = None,
+        claims: Sequence[str] = (),
     ) -> Pod:
         """Create a pod (ADDED). ``node=""``: unscheduled; ``created``: its
-        creationTimestamp (RFC 3339; a fixed default); ``deletion_timestamp``: terminating."""
+        creationTimestamp (RFC 3339; a fixed default); ``deletion_timestamp``: terminating;
+        ``claims``: the ResourceClaims its spec names."""
         return self.pods.add_pod(
             namespace,
             name,
@@ -156,6 +161,7 @@ class FakeKubeApiServer:
             pod_ip=pod_ip,
             created=created,
             deletion_timestamp=deletion_timestamp,
+            claims=claims,
         )
 
     def update_pod(
@@ -283,6 +289,15 @@ class FakeKubeApiServer:
 
     def delete_slice(self, name: str) -> None:
         self._resource_store(self.slices).delete(("", name))
+
+    def serve_resource_api(self, served: bool) -> None:
+        """Start or stop serving resource.k8s.io/v1 (its objects are kept): every path of
+        the group answers 404 while it is not served, and open watches are cut, as an
+        API server restarted with the group switched off or on would."""
+        if self.claims is None:
+            raise ValueError("this fake has no resource.k8s.io/v1 (resource_api=False)")
+        self.resource_served = served
+        self.drop_watches()
 
     @staticmethod
     def _resource_store(store: _S | None) -> _S:

@@ -51,6 +51,7 @@ RequestKind = Literal[
     "lease",
     "claim_list",
     "claim_watch",
+    "claim_get",
     "slice_list",
     "slice_watch",
     "discovery",

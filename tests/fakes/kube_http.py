@@ -37,9 +37,9 @@ from tests.fakes.kube_leases import GROUP, LeasesEndpoint
 from tests.fakes.kube_lists import ListEndpoint
 from tests.fakes.kube_nodes import NODE_FIELDS, NodesEndpoint
 from tests.fakes.kube_pods import POD_FIELDS
-from tests.fakes.kube_resources import CLAIM_FIELDS, SLICE_FIELDS, resource_list
+from tests.fakes.kube_resources import CLAIM_FIELDS, SLICE_FIELDS, ClaimStore, resource_list
 from tests.fakes.kube_watch import WatchEndpoint
-from tests.fakes.kube_wire import status_body
+from tests.fakes.kube_wire import not_found, status_body, typed
 
 if TYPE_CHECKING:
     from tests.fakes.kube_apiserver import FakeKubeApiServer
@@ -161,6 +161,19 @@ class Handler(
                 }
             case ["apis", "resource.k8s.io", "v1"]:
                 return {"GET": ("discovery", self._resource_discovery)}
+            case ["apis", "resource.k8s.io", *_] if not fake.resource_served:
+                return None
+            case [
+                "apis",
+                "resource.k8s.io",
+                "v1",
+                "namespaces",
+                namespace,
+                "resourceclaims",
+                name,
+            ] if fake.claims is not None:
+                claims = fake.claims
+                return {"GET": ("claim_get", lambda: self._get_claim(claims, namespace, name))}
             case ["apis", "resource.k8s.io", "v1", "resourceclaims"] | [
                 "apis",
                 "resource.k8s.io",
@@ -196,8 +209,15 @@ class Handler(
                 }
         return None
 
+    def _get_claim(self, claims: ClaimStore, namespace: str, name: str) -> None:
+        claim = claims.get((namespace, name))
+        if claim is None:
+            self._send_json(404, not_found("resourceclaims", "resource.k8s.io", name))
+        else:
+            self._send_json(200, typed(claim, claims.kind, claims.api_version))
+
     def _resource_discovery(self) -> None:
-        if self.fake.claims is None:
+        if self.fake.claims is None or not self.fake.resource_served:
             message = "the server could not find the requested resource"
             self._send_json(404, status_body(404, message))
         else:

@@ -14,6 +14,7 @@ kube_watch. The field selectors are the real server's for pods.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from tests.fakes.kube_store import ObjectStore, ResourceVersions
@@ -62,8 +63,10 @@ class PodStore(ObjectStore):
         pod_ip: str | None = None,
         created: str | None = None,
         deletion_timestamp: str | None = None,
+        claims: Sequence[str] = (),
     ) -> Pod:
-        """Create a pod (ADDED). ``node=""`` leaves it unscheduled (no nodeName)."""
+        """Create a pod (ADDED). ``node=""`` leaves it unscheduled (no nodeName);
+        ``claims`` are ResourceClaims its spec names (``resourceClaimName``)."""
         pod: Pod = {
             "metadata": {
                 "name": name,
@@ -79,6 +82,10 @@ class PodStore(ObjectStore):
             },
             "status": {"phase": phase, "qosClass": "BestEffort"},
         }
+        if claims:
+            pod["spec"]["resourceClaims"] = [
+                {"name": f"claim-{i}", "resourceClaimName": claim} for i, claim in enumerate(claims)
+            ]
         _set(pod, node=node, labels=labels, pod_ip=pod_ip, deletion_timestamp=deletion_timestamp)
         return self.create((namespace, name), pod)
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from agent.claims import ClaimRef
+from agent.dra.claims import ClaimRef
 from agent.pods import PodRef
 from agent.reports import CapSource, GpuResult, Outcome, Reason
 from server.metrics.cycle_metrics import GpuCaps, next_caps

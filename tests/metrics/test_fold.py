@@ -91,7 +91,8 @@ async def test_every_known_series_exists_at_zero_before_any_cycle(followed: Foll
         frozenset({("cause", c.value)}): 0.0 for c in SafeDefaultCause
     }
     assert series_of(found, "capwatch_clamped_total") == {
-        frozenset({("direction", d)}): 0.0 for d in ("raised_to_min", "lowered_to_max")
+        frozenset({("direction", d)}): 0.0
+        for d in ("raised_to_min", "lowered_to_max", "raised_to_floor", "lowered_to_ceiling")
     }
     assert series_of(found, "capwatch_multi_pod_total") == {
         frozenset({("disposition", d)}): 0.0 for d in ("agreed", "disagreed")

@@ -25,8 +25,6 @@ pod finishes (Succeeded, still bound to the node), the resourceclaim controller 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +33,26 @@ import pytest
 from api.gen.capwatch.v1 import node_health_pb2 as pb
 from tests.chart.support import Helm
 from tests.controller.e2e.processes import wait_until
-from tests.realkube.audit import AuditLog, audited_plane
-from tests.realkube.components import Scene, open_scene, unique
+from tests.realkube.audit import AuditLog
+from tests.realkube.claims_cluster import (
+    CONTROLLER_S,
+    DELETE_PROTECTION,
+    NAMESPACED,
+    assert_agent_allowed,
+    assert_capped_from_idle,
+    audit,
+    claim_refs,
+    claims_of,
+    claims_scene,
+    cluster,
+    scheduled,
+    status_of,
+)
 from tests.realkube.controlplane import ControlPlane
 from tests.realkube.dra import (
     CAPWATCH_DRIVER,
     DEFAULT_MW,
     SAFE_DEFAULT_W,
-    AgentStream,
-    DraNode,
     PodClaim,
     allocated_config,
     allocated_devices,
@@ -53,131 +62,15 @@ from tests.realkube.dra import (
     create_claim_template,
     create_claiming_pod,
     dra_devices,
-    ensure_device_class,
     get_claim,
     get_pod,
-    pod_claim_names,
     power_cap,
-    reserved_for,
     start_dra_node,
 )
-from tests.realkube.kwok_cluster import CONTROLLERS
+
+__all__ = ["audit", "cluster"]  # the module's fixtures, from claims_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.nvml, pytest.mark.timeout(180)]
-
-NAMESPACED = ("--set", "rbac.namespaced=true")
-SCHEDULED_S = 60.0  # a pod scheduled, its claim allocated, KWOK running it: a loaded machine
-CONTROLLER_S = 60.0  # kube-controller-manager's deallocation or deletion
-DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
-
-
-@pytest.fixture(scope="module")
-def cluster(
-    realkube_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControlPlane]:
-    """The module's control plane (see the module docstring), with NVIDIA's DeviceClass."""
-    with audited_plane(tmp_path_factory.mktemp("claims"), realkube_binaries) as plane:
-        plane.start_controller_manager(controllers=CONTROLLERS, cluster_cidr=None)
-        plane.start_scheduler()
-        plane.start_kwok()
-        ensure_device_class(plane)
-        yield plane
-
-
-@pytest.fixture
-def audit(cluster: ControlPlane) -> AuditLog:
-    return AuditLog(cluster.directory / "audit.log")
-
-
-@contextmanager
-def _scene(
-    cluster: ControlPlane, helm: Helm, directory: Path, values: Sequence[str] = ()
-) -> Iterator[Scene]:
-    """A release of the chart in a namespace of the test's own, the agent's RBAC applied."""
-    namespace = unique("claims").rstrip("-")
-    cluster.create_namespace(namespace)
-    try:
-        with open_scene(
-            cluster, namespace, helm, directory, components=("agent",), values=values
-        ) as scene:
-            yield scene
-    finally:
-        cluster.delete_namespace(namespace)
-
-
-def _scheduled(plane: ControlPlane, namespace: str, name: str, node: str) -> dict[str, Any]:
-    """The pod once the scheduler bound it to ``node``, KWOK runs it, and every claim of it
-    is allocated and reserved for it (read as admin)."""
-
-    def ready() -> dict[str, Any] | None:
-        pod = get_pod(plane, namespace, name)
-        if pod is None or pod.get("status", {}).get("phase") != "Running":
-            return None
-        names = pod_claim_names(pod)
-        if len(names) < len(pod["spec"]["resourceClaims"]):
-            return None
-        for claim_name in names.values():
-            claim = get_claim(plane, namespace, claim_name)
-            if claim is None or reserved_for(claim) != [pod["metadata"]["uid"]]:
-                return None
-        return pod
-
-    pod = wait_until(ready, timeout=SCHEDULED_S, what=f"pod {name} scheduled and Running")
-    assert pod is not None
-    assert pod["spec"]["nodeName"] == node
-    return pod
-
-
-def _claims_of(plane: ControlPlane, pod: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The pod's claims as the server holds them now, by the pod's entry name."""
-    namespace = pod["metadata"]["namespace"]
-    found = {}
-    for entry, name in pod_claim_names(pod).items():
-        claim = get_claim(plane, namespace, name)
-        assert claim is not None, name
-        found[entry] = claim
-    return found
-
-
-def _status(stream: AgentStream, uuid: str, **expected: Any) -> pb.DeviceStatus:
-    """Wait until the GPU's latest status on the stream has the ``expected`` fields."""
-
-    def reached() -> pb.DeviceStatus | None:
-        status = stream.latest(uuid)
-        if status is None:
-            return None
-        return status if all(getattr(status, k) == v for k, v in expected.items()) else None
-
-    status = wait_until(
-        reached, timeout=30, what=f"{uuid} with {expected} (now {stream.latest(uuid)})"
-    )
-    assert status is not None
-    return status
-
-
-def _claim_refs(status: pb.DeviceStatus) -> list[tuple[str, str]]:
-    return [(c.namespace, c.name) for c in status.claims]
-
-
-def _assert_capped_from_idle(node: DraNode, stream: AgentStream, uuid: str, watts: int) -> None:
-    """Every cycle before the first that capped the GPU found it idle (no safe default, no
-    failure, no process: nothing in between), and the first write to it was the cap."""
-    history = stream.of(uuid)
-    first = next(i for i, (_, s) in enumerate(history) if s.outcome == pb.OUTCOME_ENFORCED)
-    seen = [(seq, pb.Outcome.Name(s.outcome), s.applied_watts) for seq, s in history]
-    assert first > 0, f"the stream began after the cap: nothing shows it came from idle {seen}"
-    assert {s.outcome for _, s in history[:first]} == {pb.OUTCOME_IDLE}
-    assert all(s.process_count == 0 for _, s in history)
-    assert node.writes(uuid)[0] == watts * 1000
-
-
-def _assert_agent_allowed(audit: AuditLog, scene: Scene, mark: int) -> None:
-    """The agent's calls since ``mark``: none refused, and one LIST each of pods, claims and
-    slices in all (every cycle after that read the informers' memory: no request)."""
-    calls = audit.calls(user=scene.release.user("agent"), since=mark)
-    assert [str(c) for c in calls if c.code >= 400] == []
-    lists = sorted(c.resource for c in calls if c.verb == "list")
-    assert lists == ["pods", "resourceclaims", "resourceslices"], [str(c) for c in calls]
 
 
 @pytest.mark.parametrize("values", [(), NAMESPACED], ids=["cluster", "namespaced"])
@@ -197,9 +90,9 @@ def test_a_template_claim_caps_its_gpu_with_no_process_and_is_released_with_its_
     slice's pool and device names, which its DRA health mirror uses too. The pod deleted,
     the claim is deleted and the GPU's default limit restored. Under the ClusterRole and
     under rbac.namespaced's Role and slices ClusterRole alike, no call refused, one LIST of
-    each kind in all."""
+    pods and of slices in all, the claim read by name."""
     mark = audit.mark()
-    with _scene(cluster, helm, tmp_path, values) as scene:
+    with claims_scene(cluster, helm, tmp_path, values) as scene:
         ns = scene.namespace
         node = start_dra_node(scene)
         with node.stream() as stream:
@@ -208,8 +101,8 @@ def test_a_template_claim_caps_its_gpu_with_no_process_and_is_released_with_its_
             create_claiming_pod(
                 cluster, ns, "trainer", node.name, [PodClaim("gpu", template="gpu-450w")]
             )
-            pod = _scheduled(cluster, ns, "trainer", node.name)
-            claim = _claims_of(cluster, pod)["gpu"]
+            pod = scheduled(cluster, ns, "trainer", node.name)
+            claim = claims_of(cluster, pod)["gpu"]
             name = claim["metadata"]["name"]
             assert claim["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
             assert DELETE_PROTECTION in claim["metadata"]["finalizers"]
@@ -225,15 +118,15 @@ def test_a_template_claim_caps_its_gpu_with_no_process_and_is_released_with_its_
             uuid = node.device_of(device)
             (other,) = set(node.devices.values()) - {uuid}
 
-            capped = _status(stream, uuid, outcome=pb.OUTCOME_ENFORCED, applied_watts=450)
+            capped = status_of(stream, uuid, outcome=pb.OUTCOME_ENFORCED, applied_watts=450)
             assert capped.cap_source == pb.CAP_SOURCE_CLAIM
-            assert _claim_refs(capped) == [(ns, name)]
+            assert claim_refs(capped) == [(ns, name)]
             assert capped.claims[0].uid == claim["metadata"]["uid"]
             assert f"claim {ns}/{name}" in capped.message
             assert [(o.namespace, o.name) for o in capped.owners] == [(ns, "trainer")]
             assert (capped.dra_pool_name, capped.dra_device_name) == (node.name, device[2])
             assert capped.index == node.nvml.index(uuid) != int(device[2].removeprefix("gpu-"))
-            _assert_capped_from_idle(node, stream, uuid, 450)
+            assert_capped_from_idle(node, stream, uuid, 450)
             assert stream.latest(other).outcome == pb.OUTCOME_IDLE  # type: ignore[union-attr]
             assert node.writes(other) == []
 
@@ -247,10 +140,10 @@ def test_a_template_claim_caps_its_gpu_with_no_process_and_is_released_with_its_
                 timeout=CONTROLLER_S,
                 what=f"the template's claim {name} deleted with its pod",
             )
-            released = _status(stream, uuid, outcome=pb.OUTCOME_RELEASED)
+            released = status_of(stream, uuid, outcome=pb.OUTCOME_RELEASED)
             assert list(released.claims) == []
             assert node.writes(uuid)[-1] == DEFAULT_MW
-    _assert_agent_allowed(audit, scene, mark)
+    assert_agent_allowed(audit, scene, mark)
 
 
 def test_a_finished_pods_claim_is_deallocated_and_its_gpu_released(
@@ -260,9 +153,9 @@ def test_a_finished_pods_claim_is_deallocated_and_its_gpu_released(
     420 W; its pod then finishes (Succeeded, as a kubelet reports it) and stays bound to
     the node: the resourceclaim controller clears reservedFor and the allocation and drops
     its finalizer, the claim stays, and the agent, which still sees the pod on its node,
-    releases the GPU because the claim no longer holds it."""
+    releases the GPU: a finished pod's claims are not read (its processes are gone)."""
     mark = audit.mark()
-    with _scene(cluster, helm, tmp_path) as scene:
+    with claims_scene(cluster, helm, tmp_path) as scene:
         ns = scene.namespace
         node = start_dra_node(scene)
         with node.stream() as stream:
@@ -270,13 +163,13 @@ def test_a_finished_pods_claim_is_deallocated_and_its_gpu_released(
             create_claiming_pod(
                 cluster, ns, "worker", node.name, [PodClaim("gpu", claim="gpu-420w")]
             )
-            pod = _scheduled(cluster, ns, "worker", node.name)
-            claim = _claims_of(cluster, pod)["gpu"]
+            pod = scheduled(cluster, ns, "worker", node.name)
+            claim = claims_of(cluster, pod)["gpu"]
             assert "ownerReferences" not in claim["metadata"]
             uuid = node.device_of(allocated_devices(claim)["gpu"])
-            capped = _status(stream, uuid, outcome=pb.OUTCOME_ENFORCED, applied_watts=420)
-            assert _claim_refs(capped) == [(ns, "gpu-420w")]
-            _assert_capped_from_idle(node, stream, uuid, 420)
+            capped = status_of(stream, uuid, outcome=pb.OUTCOME_ENFORCED, applied_watts=420)
+            assert claim_refs(capped) == [(ns, "gpu-420w")]
+            assert_capped_from_idle(node, stream, uuid, 420)
 
             pod["status"]["phase"] = "Succeeded"
             pod["status"]["containerStatuses"] = [
@@ -298,13 +191,13 @@ def test_a_finished_pods_claim_is_deallocated_and_its_gpu_released(
                 return found if done and not finalizers else None
 
             wait_until(deallocated, timeout=CONTROLLER_S, what="the claim deallocated")
-            released = _status(stream, uuid, outcome=pb.OUTCOME_RELEASED)
+            released = status_of(stream, uuid, outcome=pb.OUTCOME_RELEASED)
             assert list(released.claims) == []
             assert node.writes(uuid)[-1] == DEFAULT_MW
             still = get_pod(cluster, ns, "worker")
             assert still is not None
             assert still["spec"]["nodeName"] == node.name
-    _assert_agent_allowed(audit, scene, mark)
+    assert_agent_allowed(audit, scene, mark)
 
 
 def test_invalid_parameters_give_the_safe_default_naming_the_claim(
@@ -316,7 +209,7 @@ def test_invalid_parameters_give_the_safe_default_naming_the_claim(
     with the claim and what is wrong with it in the GPU's message and the claim in its
     ``claims``."""
     mark = audit.mark()
-    with _scene(cluster, helm, tmp_path) as scene:
+    with claims_scene(cluster, helm, tmp_path) as scene:
         ns = scene.namespace
         node = start_dra_node(scene)
         with node.stream() as stream:
@@ -328,22 +221,22 @@ def test_invalid_parameters_give_the_safe_default_naming_the_claim(
                 create_claim(cluster, ns, name, claim_spec(["gpu"], [cap_config(parameters)]))
             entries = [PodClaim(f"c{i}", claim=name) for i, name in enumerate(bad)]
             create_claiming_pod(cluster, ns, "invalid", node.name, entries)
-            pod = _scheduled(cluster, ns, "invalid", node.name)
-            claims = _claims_of(cluster, pod)
+            pod = scheduled(cluster, ns, "invalid", node.name)
+            claims = claims_of(cluster, pod)
             for entry in entries:
                 claim = claims[entry.name]
                 parameters, why = bad[entry.claim]
                 assert allocated_config(claim)[0]["opaque"]["parameters"] == parameters
                 uuid = node.device_of(allocated_devices(claim)["gpu"])
-                status = _status(
+                status = status_of(
                     stream, uuid, outcome=pb.OUTCOME_ENFORCED, applied_watts=SAFE_DEFAULT_W
                 )
                 assert status.cap_source == pb.CAP_SOURCE_SAFE_DEFAULT
                 assert status.safe_default_cause == pb.SAFE_DEFAULT_CAUSE_INVALID
-                assert _claim_refs(status) == [(ns, entry.claim)]
+                assert claim_refs(status) == [(ns, entry.claim)]
                 assert f"claim {ns}/{entry.claim}: {why}" in status.message, status.message
                 assert node.writes(uuid) == [SAFE_DEFAULT_W * 1000]
-    _assert_agent_allowed(audit, scene, mark)
+    assert_agent_allowed(audit, scene, mark)
 
 
 def test_each_gpu_gets_the_cap_its_own_claim_or_request_asks(
@@ -353,7 +246,7 @@ def test_each_gpu_gets_the_cap_its_own_claim_or_request_asks(
     requests whose configs name one request each (400 W, 250 W). Whichever GPU the
     scheduler gives each request, that GPU gets that request's cap, from its own claim."""
     mark = audit.mark()
-    with _scene(cluster, helm, tmp_path) as scene:
+    with claims_scene(cluster, helm, tmp_path) as scene:
         ns = scene.namespace
         node = start_dra_node(scene, gpus=4)
         with node.stream() as stream:
@@ -374,8 +267,8 @@ def test_each_gpu_gets_the_cap_its_own_claim_or_request_asks(
             watts_of = {("big", "gpu"): 450, ("small", "gpu"): 350}
             watts_of |= {("pair", "fast"): 400, ("pair", "slow"): 250}
             for pod_name in ("two-claims", "two-requests"):
-                pod = _scheduled(cluster, ns, pod_name, node.name)
-                for claim in _claims_of(cluster, pod).values():
+                pod = scheduled(cluster, ns, pod_name, node.name)
+                for claim in claims_of(cluster, pod).values():
                     claim_name = claim["metadata"]["name"]
                     for request, device in allocated_devices(claim).items():
                         expected[node.device_of(device)] = (
@@ -384,8 +277,8 @@ def test_each_gpu_gets_the_cap_its_own_claim_or_request_asks(
                         )
             assert set(expected) == set(node.devices.values())
             for uuid, (watts, claim_name) in expected.items():
-                status = _status(stream, uuid, outcome=pb.OUTCOME_ENFORCED, applied_watts=watts)
+                status = status_of(stream, uuid, outcome=pb.OUTCOME_ENFORCED, applied_watts=watts)
                 assert status.cap_source == pb.CAP_SOURCE_CLAIM
-                assert _claim_refs(status) == [(ns, claim_name)]
-                _assert_capped_from_idle(node, stream, uuid, watts)
-    _assert_agent_allowed(audit, scene, mark)
+                assert claim_refs(status) == [(ns, claim_name)]
+                assert_capped_from_idle(node, stream, uuid, watts)
+    assert_agent_allowed(audit, scene, mark)

@@ -137,6 +137,10 @@ also hold under --skip-schema-validation, and cover rules across several keys.
 {{- if or (eq (int .Values.metrics.port) (int .Values.grpc.port)) (eq (int .Values.metrics.port) 8081) (eq (int .Values.grpc.port) 8081) }}
 {{- fail (printf "grpc.port (%d), metrics.port (%d) and the readiness port 8081 must all differ" (int .Values.grpc.port) (int .Values.metrics.port)) }}
 {{- end }}
+{{- $caps := .Values.agent.caps }}
+{{- if and $caps.floorWatts $caps.ceilingWatts (gt (int $caps.floorWatts) (int $caps.ceilingWatts)) }}
+{{- fail (printf "agent.caps.floorWatts (%d) must not be above agent.caps.ceilingWatts (%d)" (int $caps.floorWatts) (int $caps.ceilingWatts)) }}
+{{- end }}
 {{- if .Values.controller.enabled }}
 {{- include "capwatch.controller.validate" . }}
 {{- end }}

@@ -174,6 +174,10 @@ class _ClampDirectionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ClampD
     CLAMP_DIRECTION_NONE: _ClampDirection.ValueType  # 1
     CLAMP_DIRECTION_RAISED_TO_MIN: _ClampDirection.ValueType  # 2
     CLAMP_DIRECTION_LOWERED_TO_MAX: _ClampDirection.ValueType  # 3
+    CLAMP_DIRECTION_RAISED_TO_FLOOR: _ClampDirection.ValueType  # 4
+    """Raised to the cluster's floor (the agent's --cap-floor-watts)."""
+    CLAMP_DIRECTION_LOWERED_TO_CEILING: _ClampDirection.ValueType  # 5
+    """Lowered to the cluster's ceiling (the agent's --cap-ceiling-watts)."""
 
 class ClampDirection(_ClampDirection, metaclass=_ClampDirectionEnumTypeWrapper): ...
 
@@ -181,6 +185,10 @@ CLAMP_DIRECTION_UNSPECIFIED: ClampDirection.ValueType  # 0
 CLAMP_DIRECTION_NONE: ClampDirection.ValueType  # 1
 CLAMP_DIRECTION_RAISED_TO_MIN: ClampDirection.ValueType  # 2
 CLAMP_DIRECTION_LOWERED_TO_MAX: ClampDirection.ValueType  # 3
+CLAMP_DIRECTION_RAISED_TO_FLOOR: ClampDirection.ValueType  # 4
+"""Raised to the cluster's floor (the agent's --cap-floor-watts)."""
+CLAMP_DIRECTION_LOWERED_TO_CEILING: ClampDirection.ValueType  # 5
+"""Lowered to the cluster's ceiling (the agent's --cap-ceiling-watts)."""
 Global___ClampDirection: _TypeAlias = ClampDirection  # noqa: Y015
 
 class _FaultKind:
