@@ -78,18 +78,23 @@ class Cluster:
         )
 
     def install(self, release: str, namespace: str, *args: str) -> None:
-        """helm install of the unchanged chart with the node's values.yaml, then args."""
+        """helm install of the unchanged chart with the node's values.yaml and the
+        release's own state directory, then args."""
         done = self.helm(
             "install", release, str(CHART), "--namespace", namespace, "--create-namespace",
-            "--values", str(self.node.values_path), *args,
+            *self._values(release), *args,
         )  # fmt: skip
         assert done.returncode == 0, f"helm install failed:\n{done.stderr}"
 
     def upgrade(self, release: str, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
         return self.helm(
             "upgrade", release, str(CHART), "--namespace", namespace,
-            "--values", str(self.node.values_path), *args,
+            *self._values(release), *args,
         )  # fmt: skip
+
+    def _values(self, release: str) -> tuple[str, ...]:
+        state = self.node.state_dir(release)
+        return ("--values", str(self.node.values_path), "--set", f"agent.stateHostPath={state}")
 
     def uninstall(self, release: str, namespace: str) -> None:
         """helm uninstall, returning once the release's pods are gone from the node."""

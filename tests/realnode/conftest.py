@@ -11,7 +11,7 @@ lifecycle test (its own node, up and down) runs before the shared one starts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,8 @@ from tests.realnode.prerequisites import image_archive
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST = "test_lifecycle.py"
+LOG_TAIL_LINES = 25
+_NODE_KEY = pytest.StashKey[RealNode]()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -81,3 +83,26 @@ def realnode(
         )
     finally:
         node.down()
+
+
+@pytest.fixture(autouse=True)
+def _remember_node(request: pytest.FixtureRequest) -> None:
+    """Lets a failing test's report carry the node's container logs."""
+    if "realnode" in request.fixturenames:
+        request.node.stash[_NODE_KEY] = request.getfixturevalue("realnode").node
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failing test on the node says what its containers said: the last lines of
+    every container log the kubelet wrote (a pod that never got Ready says why)."""
+    report = yield
+    node = item.stash.get(_NODE_KEY, None)
+    if node is not None and report.failed and call.when == "call":
+        for log in sorted(node.pod_logs.glob("*/*/*.log")):
+            lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+            tail = "\n".join(lines[-LOG_TAIL_LINES:])
+            report.sections.append((f"container log {log.relative_to(node.pod_logs)}", tail))
+    return report

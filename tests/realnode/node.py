@@ -51,6 +51,8 @@ NODE_STATE = "node.json"
 VALUES = "values.yaml"
 # One node per host: the file that says which directory holds it.
 HOST_STATE = Path("/run/capwatch-realnode/node")
+# The chart's default state hostPath: the node never uses it (each release gets its own
+# under the node's directory), so a record left there by anything else cannot leak in.
 CAPWATCH_STATE = Path("/var/lib/capwatch")
 # Where containerd's CNI library caches each pod's result (not configurable in 1.6).
 CNI_CACHE = Path("/var/lib/cni")
@@ -101,7 +103,6 @@ class RealNode:
         self.node_name = NODE_NAME
         self.image_reference: str | None = None
         self._procs: list[Proc] = []
-        self._made_capwatch_state = False
         self._made_cni_cache = False
         self._made_kubelet_fixed = False
         self._popens: dict[int, subprocess.Popen[bytes]] = {}
@@ -126,6 +127,16 @@ class RealNode:
     def logs(self) -> Path:
         return self.plane.logs
 
+    def state_dir(self, release: str) -> Path:
+        """The release's ownership-record hostPath (the chart's agent.stateHostPath):
+        its own, so that one release's record never reaches another's agents."""
+        return self.directory / "state" / release
+
+    @property
+    def pod_logs(self) -> Path:
+        """The kubelet's container logs: NAMESPACE_POD_UID/CONTAINER/RESTART.log."""
+        return self.directory / "pod-logs"
+
     def _kubelet_client_args(self) -> list[str]:
         # The API server's own client identity at kubelets (logs, exec): the admin pair.
         admin = Pki.at(self.directory / "pki").admin
@@ -139,7 +150,6 @@ class RealNode:
         self._take_host()
         try:
             self._netns_before = {str(path) for path in host.netns_mounts()}
-            self._made_capwatch_state = not CAPWATCH_STATE.exists()
             self._made_cni_cache = not CNI_CACHE.exists()
             self._made_kubelet_fixed = not KUBELET_FIXED.exists()
             self.plane.start()
@@ -299,7 +309,9 @@ class RealNode:
         repository, _, tag = self.image_reference.rpartition(":")
         return {
             "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-            "agent": {"gpuBackend": "sim"},
+            # The record under the node's directory, removed with it (tests give each
+            # release its own: Cluster.install).
+            "agent": {"gpuBackend": "sim", "stateHostPath": str(self.state_dir("capwatch"))},
             # As on a GPU node whose containerd has the NVIDIA runtime beside runc:
             # it mounts NVML (here the fake one) into the agent for gpuBackend nvml.
             "runtimeClassName": containerd.NVIDIA_HANDLER,
@@ -310,7 +322,8 @@ class RealNode:
             f"# The capwatch chart on the real node {self.node_name} (scripts/realnode.py):\n"
             "# the image imported into its containerd (no registry: never pulled), the sim\n"
             "# backend (no GPU here; gpuBackend: nvml finds the fake NVML through the\n"
-            "# nvidia runtime class). Everything else is the chart's default.\n"
+            "# nvidia runtime class), the ownership record under the node's directory.\n"
+            "# Everything else is the chart's default.\n"
         )
         text = header + yaml.safe_dump(self.values(), sort_keys=False)
         self.values_path.write_text(text, encoding="utf-8")
@@ -320,7 +333,6 @@ class RealNode:
     def _save(self) -> None:
         state = {
             "processes": [proc.to_json() for proc in self._procs],
-            "made_capwatch_state": self._made_capwatch_state,
             "made_cni_cache": self._made_cni_cache,
             "made_kubelet_fixed": self._made_kubelet_fixed,
             "netns_before": sorted(self._netns_before),
@@ -344,7 +356,6 @@ class RealNode:
             raise NodeError(f"unreadable node state {path}: {err}") from None
         node = cls(directory, tie_to_parent=False)
         node._procs = procs
-        node._made_capwatch_state = bool(state.get("made_capwatch_state"))
         node._made_cni_cache = bool(state.get("made_cni_cache"))
         node._made_kubelet_fixed = bool(state.get("made_kubelet_fixed"))
         node._netns_before = set(state.get("netns_before", []))
@@ -386,9 +397,9 @@ class RealNode:
         for tree in (
             self.directory / "kubelet",
             self.directory / "containerd",
-            self.directory / "pod-logs",
+            self.pod_logs,
             self.run,
-            *([CAPWATCH_STATE] if self._made_capwatch_state else []),
+            self.directory / "state",
             *([CNI_CACHE] if self._made_cni_cache else []),
             *([KUBELET_FIXED] if self._made_kubelet_fixed else []),
         ):
@@ -428,11 +439,15 @@ class RealNode:
         ]
         found += [f"cgroup {path}" for path in host.kubepods_dirs()]
         found += network.leftovers()
-        for tree in (self.directory / "kubelet", self.directory / "containerd", self.run):
+        for tree in (
+            self.directory / "kubelet",
+            self.directory / "containerd",
+            self.directory / "state",
+            self.run,
+        ):
             if tree.exists():
                 found.append(f"directory {tree}")
         for made, path in (
-            (self._made_capwatch_state, CAPWATCH_STATE),
             (self._made_cni_cache, CNI_CACHE),
             (self._made_kubelet_fixed, KUBELET_FIXED),
         ):

@@ -23,7 +23,6 @@ import pytest
 from api.gen.capwatch.v1 import node_health_pb2 as pb
 from tests.realnode.cluster import Cluster, ready, status_writers, wait_for
 from tests.realnode.containerd import FAKENVML_DIR
-from tests.realnode.node import CAPWATCH_STATE
 from tests.realnode.workload import workload_pod
 
 NAMESPACE = "nvml"
@@ -85,7 +84,7 @@ def test_the_agent_caps_a_real_pods_gpu_found_through_its_cgroup(realnode: Clust
         assert snapshot.readiness.ready
 
         # The host path the chart mounts: the record names the pod and the target.
-        record = json.loads((CAPWATCH_STATE / "ownership.json").read_text())
+        record = json.loads((realnode.node.state_dir(RELEASE) / "ownership.json").read_text())
         (entry,) = record["gpus"].values()
         assert entry["target_milliwatts"] == WATTS * 1000
         assert entry["owners"][0]["uid"] == trainer["metadata"]["uid"]
