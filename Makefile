@@ -150,6 +150,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/connection_floor.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cap_series.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/claims_scale.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/taints_scale.py
 	$(BIN)/python bench/plot.py
 
 # PNG charts of the figures in bench/results/ (bench/README.md links them).

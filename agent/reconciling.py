@@ -258,7 +258,12 @@ class Reconciler:
             uuid_failed=result.reason is Reason.UUID_READ_FAILED,
         )
         if result.uuid is None:
-            return replace(result, faults=faults, readings=None)
+            # A GPU that does not answer (lost) is still the device it was: named by the
+            # UUID it last answered with, and by its slice's name, so the streams, the DRA
+            # mirror and the controller keep naming the same device through the fault.
+            known = self._faults.uuid_at(index)
+            dra = None if known is None else claims.names.get(known)
+            return replace(result, uuid=known, dra_device=dra, faults=faults, readings=None)
         # One replace for everything added after the step: it costs about as much as
         # the GPU's whole cap decision.
         return replace(

@@ -182,7 +182,7 @@ class NodeHealthClient(RetryingClient):
         )
 
     def dra_devices(self, version: DraVersion) -> AsyncGenerator[DraEvent, None]:
-        """The kubelet's view (``NodeWatchResources``): every full device list sent."""
+        """The DRA-shaped mirror (``NodeWatchResources``): every full device list sent."""
         stub: Any = (
             v1_grpc.DRAResourceHealthStub
             if version is DraVersion.V1

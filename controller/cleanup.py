@@ -1,4 +1,5 @@
-"""``capwatch controller cleanup``: remove ``GPUPowerCapEnforced`` from every Node.
+"""``capwatch controller cleanup``: remove ``GPUPowerCapEnforced`` from every Node, and the
+release's DeviceTaintRules.
 
 Run by the chart's post-delete hook (``controller.cleanupOnDelete``), so that
 uninstalling capwatch does not leave every node carrying a condition nobody
@@ -8,7 +9,9 @@ back. Every node is listed (not only the GPU nodes: the selector may have
 changed since the condition was written) and each one carrying the condition
 gets a strategic-merge patch deleting it by its merge key, a few at a time.
 A node that vanished meanwhile is not an error; any other failure is, after
-every node was tried.
+every node was tried. Then every DeviceTaintRule carrying the release's labels
+(``--release``) is deleted, unless ``--device-taints=false``: another release's
+rules are never touched.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from controller.errors import ApiError, NotFound
 from controller.kube import KubeApi, api_client
 from controller.objects import node_condition
 from controller.settings import ControllerSettings
+from controller.taints import TaintPolicy
 from kit.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -62,6 +66,37 @@ async def remove_conditions(api: KubeApi, *, out: TextIO) -> int:
     return 1 if failures else 0
 
 
+async def remove_taint_rules(api: KubeApi, policy: TaintPolicy, *, out: TextIO) -> int:
+    """Delete the release's DeviceTaintRules; the exit code (0, or 1 if any failed)."""
+    try:
+        rules = await api.list_taint_rules(
+            label_selector=policy.selector(), deadline_s=REQUEST_TIMEOUT_S
+        )
+    except NotFound:
+        rules = []  # no resource.k8s.io/v1 here: there can be none
+    except ApiError as exc:
+        print(f"capwatch controller cleanup: cannot list DeviceTaintRules: {exc}", file=out)
+        return 1
+    names = [str((r.get("metadata") or {}).get("name") or "") for r in rules]
+    gate = asyncio.Semaphore(CONCURRENCY)
+    failures: list[str] = []
+
+    async def remove(name: str) -> None:
+        async with gate:
+            try:
+                await api.delete_taint_rule(name, deadline_s=REQUEST_TIMEOUT_S)
+            except NotFound:
+                return
+            except ApiError as exc:
+                failures.append(f"{name}: {exc}")
+
+    await asyncio.gather(*(remove(name) for name in names if name))
+    print(f"removed {len(names) - len(failures)} of {len(names)} DeviceTaintRules", file=out)
+    for failure in failures[:10]:
+        print(f"capwatch controller cleanup: {failure}", file=out)
+    return 1 if failures else 0
+
+
 async def run_cleanup(settings: ControllerSettings, *, out: TextIO) -> int:
     """``capwatch controller cleanup`` with the controller's own API settings."""
     if settings.dry_run:
@@ -72,6 +107,9 @@ async def run_cleanup(settings: ControllerSettings, *, out: TextIO) -> int:
     )
     api = KubeApi(client, namespace=settings.namespace or "default", identity=settings.identity)
     try:
-        return await remove_conditions(api, out=out)
+        code = await remove_conditions(api, out=out)
+        if settings.taints.enabled:
+            code = max(code, await remove_taint_rules(api, settings.taints, out=out))
+        return code
     finally:
         api.close()

@@ -111,6 +111,10 @@ class GpuSummary:
     message: str
     applied_watts: int | None = None
     faults: tuple[str, ...] = ()  # summaries of its active device faults (XID 79, ...)
+    fault_kinds: tuple[str, ...] = ()  # their categories (xid, gpu_lost, ...)
+    # (driver, pool, device): the device a ResourceSlice of the node names it as, while
+    # it has a fault (None: no fault, or no slice names it).
+    dra_device: tuple[str, str, str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,9 +1,11 @@
 """``--dry-run``: the Kubernetes writes the controller would make, printed instead.
 
-One line per condition patch and per Event, on standard output::
+One line per condition patch, per Event and per DeviceTaintRule write, on standard
+output::
 
     PATCH nodes/gpu-7/status GPUPowerCapEnforced=False reason=CapWriteFailed message="gpu1 ..."
     EVENT Warning node/gpu-7 CapWriteFailed: gpu1 (GPU-...): write_failed: ...
+    CREATE devicetaintrules/capwatch-gpu-7-gpu-1-3f2a... {...} capwatch.io/gpu-fault=xid:None
 
 With no API server there is no Lease: the replica behaves as the leader of its
 shard (its fence never closes) and everything else -- discovery from
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from controller.conditions import CONDITION_TYPE, NodeCondition
 from controller.writes.recorder import NodeEvent
@@ -43,6 +45,36 @@ class PrintingApi:
             file=self._out,
             flush=True,
         )
+
+    async def list_taint_rules(
+        self, *, label_selector: str, deadline_s: float
+    ) -> list[dict[str, Any]]:
+        return []  # no API server: none is in place
+
+    async def create_taint_rule(self, body: dict[str, Any], *, deadline: float) -> dict[str, Any]:
+        spec = body["spec"]
+        print(
+            f"CREATE devicetaintrules/{body['metadata']['name']} "
+            f"{json.dumps(spec['deviceSelector'], sort_keys=True)} "
+            f"{spec['taint']['key']}={spec['taint']['value']}:{spec['taint']['effect']}",
+            file=self._out,
+            flush=True,
+        )
+        return body
+
+    async def replace_taint_rule(
+        self, name: str, body: dict[str, Any], *, deadline: float
+    ) -> dict[str, Any]:
+        taint = body["spec"]["taint"]
+        print(
+            f"UPDATE devicetaintrules/{name} {taint['key']}={taint['value']}:{taint['effect']}",
+            file=self._out,
+            flush=True,
+        )
+        return body
+
+    async def delete_taint_rule(self, name: str, *, deadline: float) -> None:
+        print(f"DELETE devicetaintrules/{name}", file=self._out, flush=True)
 
 
 class Unfenced:

@@ -74,6 +74,7 @@ from kit.errors import ConfigError
 log = logging.getLogger(__name__)
 
 EVENT_NAMESPACE = "default"  # where Node events live (the kubelet's choice too)
+TAINT_RULES = "/apis/resource.k8s.io/v1/devicetaintrules"
 COMPONENT = "capwatch-controller"
 SMP = "application/strategic-merge-patch+json"
 _TRANSIENT = (
@@ -209,18 +210,24 @@ class KubeApi:
 
     async def list_nodes(self, *, label_selector: str, deadline_s: float) -> list[dict[str, Any]]:
         """Every node matching ``label_selector``, as raw JSON objects (paged)."""
-        nodes: list[dict[str, Any]] = []
+        return await self._list_all("/api/v1/nodes", label_selector, deadline_s)
+
+    async def _list_all(
+        self, path: str, label_selector: str, deadline_s: float
+    ) -> list[dict[str, Any]]:
+        """Every object of a list endpoint, page by page under one deadline."""
+        items: list[dict[str, Any]] = []
         token = ""
         at = _deadline(self._clock, None, deadline_s)
         while True:
             query = {"labelSelector": label_selector, "limit": "500"}
             if token:
                 query["continue"] = token
-            page = await self._call("GET", "/api/v1/nodes", query=query, deadline=at)
-            nodes += [i for i in page.get("items") or [] if isinstance(i, dict)]
+            page = await self._call("GET", path, query=query, deadline=at)
+            items += [i for i in page.get("items") or [] if isinstance(i, dict)]
             token = str((page.get("metadata") or {}).get("continue") or "")
             if not token:
-                return nodes
+                return items
 
     # --- events --------------------------------------------------------------------------
 
@@ -256,6 +263,47 @@ class KubeApi:
         }
         await self._call(
             "POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", body=body, deadline=at
+        )
+
+    # --- device taint rules --------------------------------------------------------------
+
+    async def list_taint_rules(
+        self, *, label_selector: str, deadline_s: float
+    ) -> list[dict[str, Any]]:
+        """Every DeviceTaintRule matching ``label_selector`` (paged)."""
+        return await self._list_all(TAINT_RULES, label_selector, deadline_s)
+
+    async def create_taint_rule(
+        self,
+        body: dict[str, Any],
+        *,
+        deadline: float | None = None,
+        deadline_s: float | None = None,
+    ) -> dict[str, Any]:
+        return await self._call(
+            "POST", TAINT_RULES, body=body, deadline=_deadline(self._clock, deadline, deadline_s)
+        )
+
+    async def replace_taint_rule(
+        self,
+        name: str,
+        body: dict[str, Any],
+        *,
+        deadline: float | None = None,
+        deadline_s: float | None = None,
+    ) -> dict[str, Any]:
+        return await self._call(
+            "PUT",
+            f"{TAINT_RULES}/{name}",
+            body=body,
+            deadline=_deadline(self._clock, deadline, deadline_s),
+        )
+
+    async def delete_taint_rule(
+        self, name: str, *, deadline: float | None = None, deadline_s: float | None = None
+    ) -> None:
+        await self._call(
+            "DELETE", f"{TAINT_RULES}/{name}", deadline=_deadline(self._clock, deadline, deadline_s)
         )
 
     # --- leases --------------------------------------------------------------------------

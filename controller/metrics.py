@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 
 from controller.conditions import AgentLink, ConditionStatus
@@ -27,6 +33,8 @@ from server.http.exposition import ScrapeCollector
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 WRITE_RESULTS = ("ok", "failed", "fenced", "refused", "expired", "not_found")
 EVENT_RESULTS = ("posted", "failed", "deduplicated", "fenced", "refused", "expired")
+TAINT_ACTIONS = ("create", "update", "delete")
+TAINT_RESULTS = ("ok", "failed", "fenced", "refused", "expired")
 
 
 class ControllerMetrics:
@@ -74,6 +82,18 @@ class ControllerMetrics:
             ["shard"],
             registry=r,
         )
+        self._taint_writes = Counter(
+            "capwatch_controller_device_taint_writes",
+            "DeviceTaintRule writes (one per faulted GPU a slice names), by action and result "
+            "(as for condition writes).",
+            ["action", "result"],
+            registry=r,
+        )
+        self._taint_rules = Gauge(
+            "capwatch_controller_device_taint_rules",
+            "DeviceTaintRules of this shard in place, as this replica last listed or wrote them.",
+            registry=r,
+        )
         self._latency = Histogram(
             "capwatch_controller_detection_latency_seconds",
             "From the end of the agent cycle that changed a node's condition to its write.",
@@ -84,6 +104,9 @@ class ControllerMetrics:
             self._writes.labels(result=result)
         for result in EVENT_RESULTS:
             self._events.labels(result=result)
+        for action in TAINT_ACTIONS:
+            for result in TAINT_RESULTS:
+                self._taint_writes.labels(action=action, result=result)
         self._transitions.labels(shard=self._shard)
         self._fenced_out.labels(shard=self._shard)
         r.register(
@@ -109,6 +132,12 @@ class ControllerMetrics:
 
     def event(self, *, result: str) -> None:
         self._events.labels(result=result).inc()
+
+    def taint_written(self, *, action: str, result: str) -> None:
+        self._taint_writes.labels(action=action, result=result).inc()
+
+    def taint_rules(self, count: int) -> None:
+        self._taint_rules.set(count)
 
     def leading(self, leading: bool) -> None:
         pass  # read at scrape time

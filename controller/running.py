@@ -2,12 +2,12 @@
 
 Start: bind the cluster stream's gRPC port, the metrics and the probes (a port
 that cannot be bound is fatal before anything is followed); start discovery,
-which starts one stream per agent of this shard; start the condition writer;
-campaign for the shard's Lease. Every replica follows its shard's streams and
-serves the cluster stream; only the Lease holder writes.
+which starts one stream per agent of this shard; start the condition writer and
+the DeviceTaintRule writer; campaign for the shard's Lease. Every replica follows
+its shard's streams and serves the cluster stream; only the Lease holder writes.
 
 Stop (SIGTERM, SIGINT, or a supervised task dying): readiness off; the
-cluster stream ended and its server stopped; the writer stopped (no new
+cluster stream ended and its server stopped; the writers stopped (no new
 write; those in flight finish or time out); only then the Lease released, so
 a standby takes over at its next retry and no two replicas ever write at once;
 then the streams, discovery and the API client closed; metrics last.
@@ -44,6 +44,7 @@ from controller.settings import ControllerSettings
 from controller.sharding import shard_of
 from controller.tracking import NodeTracker
 from controller.writes.recorder import EventRecorder
+from controller.writes.taints import TaintWriter
 from controller.writes.writer import ConditionWriter
 from kit.clock import Clock, SystemClock
 from kit.version import package_version
@@ -101,6 +102,7 @@ class Controller:
     tracker: NodeTracker
     followers: Followers
     writer: ConditionWriter
+    taints: TaintWriter
     metrics: ControllerMetrics
     discovery: KubernetesDiscovery | StaticDiscovery
     elector: LeaseElector | None  # None: --dry-run, no Lease
@@ -201,16 +203,32 @@ def build_controller(
             config=settings.lease,
             observer=metrics,
         )
+    events = EventRecorder(api=api, fence=fence, clock=clock, observer=metrics)
     writer = ConditionWriter(
         api=api,
-        events=EventRecorder(api=api, fence=fence, clock=clock, observer=metrics),
+        events=events,
         fence=fence,
         clock=clock,
         heartbeat_s=settings.condition_heartbeat_s,
         observer=metrics,
     )
+    taints = TaintWriter(
+        api=api,
+        events=events,
+        fence=fence,
+        clock=clock,
+        policy=settings.taints,
+        ours=lambda node: shard_of(node, settings.shards) == settings.shard_index,
+        known=lambda node: tracker.get(node) is not None,
+        observer=metrics,
+    )
     if elector is not None:
-        elector.on_started = writer.resume
+
+        def leading() -> None:
+            writer.resume()
+            taints.resume()
+
+        elector.on_started = leading
     return _wired(
         Controller(
             settings=settings,
@@ -218,6 +236,7 @@ def build_controller(
             tracker=tracker,
             followers=Followers(tracker=tracker, clients=_client_factory(settings)),
             writer=writer,
+            taints=taints,
             metrics=metrics,
             discovery=discovery,
             elector=elector,
@@ -264,6 +283,7 @@ def _kubernetes(
 def _wired(controller: Controller) -> Controller:
     """The links between the parts (each needs the others built first)."""
     controller.tracker.add_listener(controller.writer)
+    controller.tracker.add_listener(controller.taints)
     controller.tracker.add_listener(controller.cluster)
     controller.cluster.shard = controller.shard_message
     return controller
@@ -348,7 +368,10 @@ class _Running:
         controller = self.controller
         controller.discovery.start(controller.sink())
         controller.writer.start()
-        tasks = [*controller.writer.tasks, *self.server.tasks]
+        controller.taints.start()
+        if controller.elector is None:
+            controller.taints.resume()  # a dry run leads from the start: nothing to list
+        tasks = [*controller.writer.tasks, *controller.taints.tasks, *self.server.tasks]
         if controller.elector is not None:
             self._elector_task = asyncio.create_task(
                 controller.elector.run(), name="capwatch-lease"
@@ -376,6 +399,7 @@ class _Running:
         controller.stopping = True
         await self.server.stop()
         await controller.writer.stop()
+        await controller.taints.stop()
         if self._elector_task is not None:
             self._elector_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

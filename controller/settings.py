@@ -21,6 +21,7 @@ from pathlib import Path
 from controller.discovery import parse_targets
 from controller.leasing import LeaseConfig
 from controller.sharding import ordinal
+from controller.taints import Effect, TaintPolicy, parse_effect
 from kit.addresses import host_port, listen_port
 from kit.errors import ConfigError
 from kit.flags import (
@@ -68,6 +69,7 @@ class ControllerSettings:
     identity: str
     lease: LeaseConfig
     condition_heartbeat_s: float
+    taints: TaintPolicy  # the DeviceTaintRules of faulted GPUs
     grpc_listen: str
     metrics_port: int | None  # None: no metrics endpoint
     probe_port: int | None  # None: no probe endpoint
@@ -114,6 +116,13 @@ def _listen(flag: str, text: str) -> str:
 
 
 def _text(flag: str, text: str) -> str:
+    return text
+
+
+def _release(flag: str, text: str) -> str:
+    # A Helm release name: a DNS label, so that it can lead a rule's name and label it.
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?", text):
+        raise ConfigError(flag, f"not a release name (a DNS label of 53 at most): {text!r}")
     return text
 
 
@@ -220,6 +229,38 @@ _OPTIONS = (
         help="seconds between rewrites of an unchanged condition (lastHeartbeatTime)",
     ),
     Option(
+        flag="--release",
+        env="CAPWATCH_CONTROLLER_RELEASE",
+        default="capwatch",
+        convert=_release,
+        help="the Helm release: labels (app.kubernetes.io/instance) and names the "
+        "DeviceTaintRules it writes, so two releases never touch each other's",
+    ),
+    Option(
+        flag="--device-taints",
+        env="CAPWATCH_CONTROLLER_DEVICE_TAINTS",
+        default="true",
+        convert=boolean,
+        help="keep a DeviceTaintRule on each faulted GPU a ResourceSlice names",
+    ),
+    Option(
+        flag="--device-taint-effect",
+        env="CAPWATCH_CONTROLLER_DEVICE_TAINT_EFFECT",
+        default="",
+        convert=parse_effect,
+        repeatable=True,
+        help="CATEGORY=EFFECT: the taint's effect for a fault category (xid, gpu_lost, "
+        "ecc_uncorrected, row_remap_failure): None (visible only, the default), "
+        "NoSchedule or NoExecute; repeatable",
+    ),
+    Option(
+        flag="--device-taint-hold-down",
+        env="CAPWATCH_CONTROLLER_DEVICE_TAINT_HOLD_DOWN",
+        default="300",
+        convert=positive_float,
+        help="seconds a recovered GPU stays tainted, so a flapping one does not churn rules",
+    ),
+    Option(
         flag="--grpc-listen",
         env="CAPWATCH_CONTROLLER_GRPC_LISTEN",
         default=DEFAULT_LISTEN,
@@ -318,6 +359,19 @@ def controller_settings(
         raise ConfigError("--dry-run", "needs --targets (there is no API server to discover from)")
     if not dry_run and not release_namespace:
         raise ConfigError("--namespace", "required (set POD_NAMESPACE) unless --dry-run")
+    effects: dict[str, Effect] = {}
+    for category, effect in values["device_taint_effect"]:
+        if category in effects and effects[category] is not effect:
+            raise ConfigError(
+                "--device-taint-effect", f"{category} is given two effects: choose one"
+            )
+        effects[category] = effect
+    taints = TaintPolicy(
+        release=values["release"],
+        enabled=values["device_taints"],
+        effects=effects,
+        hold_down_s=values["device_taint_hold_down"],
+    )
     return ControllerSettings(
         namespace=release_namespace or None,
         targets=None if targets_file is None else parse_targets(targets_file),
@@ -329,6 +383,7 @@ def controller_settings(
         identity=values["identity"] or _identity(pod_name, values["pod_uid"]),
         lease=lease,
         condition_heartbeat_s=values["condition_heartbeat"],
+        taints=taints,
         grpc_listen=values["grpc_listen"],
         metrics_port=values["metrics_port"],
         probe_port=values["probe_port"],

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from agent.attribution import Attributor, FsProcRoot
+from agent.gpus import GpuErrorClass
+from agent.health.faults import FaultKind
 from agent.ownership import OwnershipStore
 from agent.pods import PodInfo, PodRef
 from agent.reconciling import Policy, Reconciler
@@ -27,7 +29,7 @@ from agent.reports import (
 )
 from kit.clock import FakeClock
 from tests.claims_objects import GPU, NODE, POD, capwatch, claim, power_cap, slice_of
-from tests.contract.rigs import DEFAULT_W, GPU_COUNT, UUIDS, SimRig
+from tests.contract.rigs import DEFAULT_W, GPU_COUNT, UUIDS, Op, SimRig
 from tests.fakes.claims import StaticClaimView
 from tests.fakes.pods import StaticPodView
 
@@ -269,3 +271,23 @@ def test_a_republish_naming_another_gpu_for_the_device_does_not_move_the_cap(nod
     assert UUIDS[2] in failure.message
     assert (gpu(report, 1).applied_watts, gpu(report, 2).outcome) == (350, Outcome.IDLE)
     assert node.watts(2) == DEFAULT_W
+
+
+def test_a_gpu_that_stops_answering_keeps_its_identity_and_its_slices_name(node: Node):
+    """GPU 1 is lost (every call answers GPU_IS_LOST): its step cannot read its UUID, yet
+    its result names the UUID it last answered with and the device its slice names, so
+    the streams, the DRA mirror and any DeviceTaintRule keep naming the same device
+    through the fault (not an empty UUID and the gpu-{index} template)."""
+    assert node.cycle().enforced
+    node.rig.fail(Op.UUID, 1, GpuErrorClass.GPU_IS_LOST)
+    report = node.cycle()
+    lost = gpu(report, 1)
+    assert lost.reason is Reason.UUID_READ_FAILED
+    assert lost.uuid == UUIDS[1]
+    assert lost.dra_device is not None
+    assert (lost.dra_device.driver, lost.dra_device.pool, lost.dra_device.device) == (
+        GPU,
+        NODE,
+        "gpu-1",
+    )
+    assert [f.kind for f in lost.faults] == [FaultKind.GPU_LOST]

@@ -358,8 +358,8 @@ def test_device_table_transition_moves_when_faults_come_and_go_not_when_counted(
 
 def test_a_claims_cap_names_its_claims_and_the_drivers_pool_and_device():
     """A cap from DRA claims maps to CAP_SOURCE_CLAIM with each claim's namespace, name
-    and uid, and the GPU is named by its ResourceSlice's pool and device; a GPU no slice
-    names keeps the template's name and no pool of its own."""
+    and uid, and the GPU is named by its ResourceSlice's driver, pool and device; a GPU no
+    slice names keeps the template's name and no pool or driver of its own."""
     result = dataclasses.replace(
         ok(1, 450),
         cap_source=CapSource.CLAIM,
@@ -369,7 +369,7 @@ def test_a_claims_cap_names_its_claims_and_the_drivers_pool_and_device():
     message = mapping.settled(result, "ignored", DeviceHealth.HEALTHY, 0.0)
     assert message.cap_source == pb.CAP_SOURCE_CLAIM
     assert [(c.namespace, c.name, c.uid) for c in message.claims] == [("ml", "train", "c-1")]
-    assert message.dra_pool_name == "node-a"
+    assert (message.dra_driver_name, message.dra_pool_name) == ("gpu.nvidia.com", "node-a")
 
     def template(index: int, uuid: str | None) -> str:
         return f"gpu-{index}"
@@ -379,4 +379,5 @@ def test_a_claims_cap_names_its_claims_and_the_drivers_pool_and_device():
     plain = ok(1, 450)
     assert mapping.dra_device_name(plain, 1, UUIDS[1], template) == "gpu-1"
     assert mapping.dra_pool_name(plain, "default-pool") == "default-pool"
-    assert mapping.settled(plain, "gpu-1", DeviceHealth.HEALTHY, 0.0).dra_pool_name == ""
+    unnamed = mapping.settled(plain, "gpu-1", DeviceHealth.HEALTHY, 0.0)
+    assert (unnamed.dra_driver_name, unnamed.dra_pool_name) == ("", "")

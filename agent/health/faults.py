@@ -215,6 +215,10 @@ class FaultTracker:
         self._judge_readings(known, readings)
         return self._recover(known)
 
+    def uuid_at(self, index: int) -> str | None:
+        """The UUID GPU ``index`` last answered with (None: it never answered)."""
+        return self._uuid_at.get(index)
+
     def active(self, uuid: str) -> tuple[Fault, ...]:
         """The faults the device ``uuid`` had at its last :meth:`observe` (none if unknown)."""
         gpu = self._gpus.get(uuid)

@@ -5,7 +5,7 @@ changed elsewhere: see capwatch/watch/printer.py) and a line per disconnect
 (again only when its reason changes), reconnect or resync; a terminal's table
 is greyed while the stream is lost, redrawn every second. ``--json`` prints
 each message as one JSON object per line instead (status lines then go to
-stderr); ``--dra v1`` follows the kubelet's view (``NodeWatchResources``);
+stderr); ``--dra v1`` follows the DRA-shaped mirror (``NodeWatchResources``);
 ``--cluster`` follows a controller's ``ClusterHealthService``, one row per
 node (capwatch/watch/cluster_table.py). Once connected it reconnects for
 ever, resuming where it left off, until ``--count`` messages, Ctrl-C or

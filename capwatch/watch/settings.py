@@ -145,7 +145,7 @@ _OPTIONS = (
         env="CAPWATCH_WATCH_DRA",
         default="",
         convert=_dra,
-        help="watch the kubelet's DRA health view instead: v1 or v1alpha1",
+        help="watch the DRA-shaped health mirror instead: v1 or v1alpha1",
     ),
     Option(
         flag="--since",

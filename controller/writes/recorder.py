@@ -88,8 +88,14 @@ class EventRecorder:
         if previous is None and condition.status is ConditionStatus.TRUE:
             return
         kind = EventType.NORMAL if condition.status is ConditionStatus.TRUE else EventType.WARNING
+        await self.post(node, kind, condition.reason.value, condition.message)
+
+    async def post(self, node: str, kind: EventType, reason: str, message: str) -> None:
+        """One Event on ``node``, unless one of the same type and reason was posted on it
+        within the dedupe window (its device taints' Events too: at most one per node and
+        reason, whatever a mass fault does; the rules themselves carry each device's)."""
         now = self._clock.monotonic()
-        said = (kind, condition.reason.value)
+        said = (kind, reason)
         last = self._last.get(node, {}).get(said)
         if last is not None and now - last < self._window_s:
             self._observer.event(result="deduplicated")
@@ -99,27 +105,39 @@ class EventRecorder:
             self._observer.event(result="fenced")
             return
         event = NodeEvent(
-            node=node,
-            type=kind,
-            reason=condition.reason.value,
-            message=condition.message,
-            wall=self._clock.wall(),
+            node=node, type=kind, reason=reason, message=message, wall=self._clock.wall()
         )
+        # Counted as said before it is sent: a second post of the same while this one is
+        # in flight (another writer's worker) is a duplicate too. Undone if it fails.
+        sent = self._last.setdefault(node, {})
+        before = sent.get(said)
+        sent[said] = now
         try:
             await self._api.create_event(event, deadline=min(closes, now + REQUEST_TIMEOUT_S))
         except DeadlinePassed:
+            self._unsay(node, said, before)
             self._observer.event(result="expired")
             return
         except FencedOut as exc:
+            self._unsay(node, said, before)
             self._observer.event(result="refused")
             self._fence.lost(str(exc))
             return
         except ApiError as exc:
+            self._unsay(node, said, before)
             log.warning("event on node=%s not posted: %s", node, exc)
             self._observer.event(result="failed")
             return
-        self._last.setdefault(node, {})[said] = now
         self._observer.event(result="posted")
+
+    def _unsay(self, node: str, said: tuple[EventType, str], before: float | None) -> None:
+        sent = self._last.get(node)
+        if sent is None:
+            return
+        if before is None:
+            sent.pop(said, None)
+        else:
+            sent[said] = before
 
     def forget(self, node: str) -> None:
         self._last.pop(node, None)

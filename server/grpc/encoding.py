@@ -249,13 +249,16 @@ def _settled_bytes(
     name = dra_device_name(result, result.index, result.uuid, namer)
     message.CopyFrom(settled(result, name, health, last_transition_wall))
     message.ClearField("process_count")
-    # Fields 20 to 23 alone serialize to exactly their bytes in the whole message.
+    # Fields 20 to 24 alone serialize to exactly their bytes in the whole message.
     trailer = pb.DeviceStatus(
-        faults=message.faults, claims=message.claims, dra_pool_name=message.dra_pool_name
+        faults=message.faults,
+        claims=message.claims,
+        dra_pool_name=message.dra_pool_name,
+        dra_driver_name=message.dra_driver_name,
     )
     if message.HasField("telemetry"):
         trailer.telemetry.CopyFrom(message.telemetry)
-    for later in ("faults", "telemetry", "claims", "dra_pool_name"):
+    for later in ("faults", "telemetry", "claims", "dra_pool_name", "dra_driver_name"):
         message.ClearField(later)
     return _Settled(
         message.SerializeToString(),

@@ -188,6 +188,7 @@ def settled(
     )
     if result.dra_device is not None:
         message.dra_pool_name = result.dra_device.pool
+        message.dra_driver_name = result.dra_device.driver
     return message
 
 

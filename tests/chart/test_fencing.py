@@ -59,14 +59,18 @@ def test_one_policy_and_binding_per_shard_plus_the_identity_check(helm: Helm, sh
     assert "paramRef" not in bindings[f"{NAME}-fencing"]["spec"]
 
 
-def test_the_policy_watches_node_status_updates_and_event_creation(helm: Helm):
+def test_the_policy_watches_everything_the_controller_writes(helm: Helm):
     """What is fenced is exactly what the controller writes: UPDATE (a PATCH is one) of
-    nodes/status and CREATE of core Events."""
+    nodes/status, CREATE of core Events, and CREATE, UPDATE and DELETE of
+    DeviceTaintRules."""
     for policy in _fenced(helm, 2).of_kind(POLICY):
         rules: list[dict[str, Any]] = policy["spec"]["matchConstraints"]["resourceRules"]
-        assert {(r["resources"][0], r["operations"][0]) for r in rules} == {
+        assert {(r["resources"][0], op) for r in rules for op in r["operations"]} == {
             ("nodes/status", "UPDATE"),
             ("events", "CREATE"),
+            ("devicetaintrules", "CREATE"),
+            ("devicetaintrules", "UPDATE"),
+            ("devicetaintrules", "DELETE"),
         }
 
 

@@ -135,16 +135,30 @@ def test_merged_replaces_by_index_and_keeps_the_rest() -> None:
     assert merged((), [gpu(3), gpu(1)]) == (gpu(1), gpu(3))
 
 
-def test_device_faults_come_across_by_their_summaries() -> None:
-    """A GPU's active faults reach its summary as their stable summaries, in the agent's
-    order; its telemetry does not (it moves every cycle and would make every cycle an
-    update to every cluster-stream subscriber)."""
+def test_device_faults_come_across_by_their_summaries_and_categories() -> None:
+    """A GPU's active faults reach its summary as their stable summaries and categories,
+    in the agent's order, with the device its slice names it as (what a DeviceTaintRule
+    selects); its telemetry does not (it moves every cycle and would make every cycle an
+    update to every cluster-stream subscriber), nor a healthy GPU's device name."""
     faulted = device(0)
-    faulted.faults.add(summary="XID 79")
-    faulted.faults.add(summary="GPU lost")
+    faulted.faults.add(kind=pb.FAULT_KIND_XID, summary="XID 79")
+    faulted.faults.add(kind=pb.FAULT_KIND_GPU_LOST, summary="GPU lost")
     faulted.telemetry.power_draw_milliwatts = 250_000
+    faulted.dra_driver_name, faulted.dra_pool_name = "gpu.nvidia.com", "node-a"
+    faulted.dra_device_name = "gpu-0"
     (summary,) = gpu_summaries([faulted])
     assert summary.faults == ("XID 79", "GPU lost")
-    (plain,) = gpu_summaries([device(0)])
-    assert plain.faults == ()
-    assert summary == GpuSummary(**{**plain.__dict__, "faults": ("XID 79", "GPU lost")})
+    assert summary.fault_kinds == ("xid", "gpu_lost")
+    assert summary.dra_device == ("gpu.nvidia.com", "node-a", "gpu-0")
+    healthy = device(0)
+    healthy.dra_driver_name, healthy.dra_pool_name = "gpu.nvidia.com", "node-a"
+    (plain,) = gpu_summaries([healthy])
+    assert (plain.faults, plain.fault_kinds, plain.dra_device) == ((), (), None)
+    assert summary == GpuSummary(
+        **{
+            **plain.__dict__,
+            "faults": ("XID 79", "GPU lost"),
+            "fault_kinds": ("xid", "gpu_lost"),
+            "dra_device": ("gpu.nvidia.com", "node-a", "gpu-0"),
+        }
+    )

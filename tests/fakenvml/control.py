@@ -31,6 +31,7 @@ from tests.fakenvml.values import (
     QueuedEvent,
     UuidChange,
     WriteLogEntry,
+    read_limits_file,
     read_log_file,
 )
 
@@ -56,6 +57,7 @@ __all__ = [
     "QueuedEvent",
     "UuidChange",
     "WriteLogEntry",
+    "read_limits_file",
     "read_log_file",
 ]
 

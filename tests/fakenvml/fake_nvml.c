@@ -226,8 +226,10 @@ nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsigned int
         rc = device_locked(idx, &d);
         if (rc == NVML_SUCCESS && (limit < d->min_mw || limit > d->max_mw))
             rc = NVML_ERROR_INVALID_ARGUMENT;
-        if (rc == NVML_SUCCESS)
+        if (rc == NVML_SUCCESS) {
             d->current_mw = limit;
+            save_limits_locked();
+        }
     }
     /* Every call that reached the library is logged, failed or not. */
     memset(&entry, 0, sizeof entry);

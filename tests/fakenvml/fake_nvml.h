@@ -136,6 +136,9 @@ FAKE_INTERNAL extern struct log_entry g_log[MAX_LOG];
 FAKE_INTERNAL extern unsigned int g_log_len;
 FAKE_INTERNAL extern unsigned long g_calls[FN__COUNT][MAX_DEVICES + 1]; /* last: no device */
 FAKE_INTERNAL extern FILE *g_log_file;
+/* limits_file: where the devices' current limits live between processes ("" : none). */
+FAKE_INTERNAL extern char g_limits_path[4096];
+FAKE_INTERNAL void save_limits_locked(void);
 
 /* fake_nvml_state.c */
 FAKE_INTERNAL void lock(void);

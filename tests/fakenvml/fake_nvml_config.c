@@ -34,6 +34,12 @@
  *   init_error RC                   shorthand for `fault nvmlInit * RC`
  *   log_file PATH                   append one line per set-limit call:
  *                                   "set_limit device=I uuid=U milliwatts=MW rc=RC"
+ *   limits_file PATH                the devices' current limits live in PATH, as a
+ *                                   GPU's live on the device, not in the process:
+ *                                   read now ("UUID MILLIWATTS" lines; a device it
+ *                                   does not list keeps its limit; put it after the
+ *                                   device lines), rewritten whole (renamed into
+ *                                   place) after every successful set-limit call
  *
  * FN is an NVML function name, versioned or not (nvmlDeviceGetCount and
  * nvmlDeviceGetCount_v2 are the same function; every init entry point is
@@ -260,6 +266,34 @@ static int directive_processes(char **toks, int ntok)
     return 0;
 }
 
+/* Each "UUID MILLIWATTS" line of PATH sets that device's current limit; a missing
+ * file is no error (nothing written yet). 0, or -1 when a line is not one. */
+static int load_limits_locked(const char *path)
+{
+    char line[256], uuid[UUID_LEN];
+    unsigned long mw;
+    unsigned int i;
+    FILE *fp = fopen(path, "r");
+    if (fp == NULL)
+        return errno == ENOENT ? 0 : -1;
+    while (fgets(line, sizeof line, fp) != NULL) {
+        char *save = NULL;
+        char *id = strtok_r(line, " \t\r\n", &save);
+        char *value = strtok_r(NULL, " \t\r\n", &save);
+        if (id == NULL)
+            continue;
+        if (value == NULL || copy_uuid(uuid, id) != 0 || parse_ulong(value, UINT32_MAX, &mw) != 0) {
+            fclose(fp);
+            return -1;
+        }
+        for (i = 0; i < MAX_DEVICES; i++)
+            if (strcmp(g_devs[i].uuid, uuid) == 0)
+                g_devs[i].current_mw = (unsigned int)mw;
+    }
+    fclose(fp);
+    return 0;
+}
+
 static int apply_directive(char **toks, int ntok)
 {
     const char *cmd = toks[0];
@@ -306,6 +340,12 @@ static int apply_directive(char **toks, int ntok)
         if (ntok != 2 || (rc = rc_parse(toks[1])) < 0)
             return -1;
         return add_fault(FN_INIT, ANY_DEVICE, rc, -1, 0, 0.0);
+    }
+    if (strcmp(cmd, "limits_file") == 0) {
+        if (ntok != 2 || strlen(toks[1]) >= sizeof g_limits_path)
+            return -1;
+        snprintf(g_limits_path, sizeof g_limits_path, "%s", toks[1]);
+        return load_limits_locked(toks[1]);
     }
     if (strcmp(cmd, "log_file") == 0) {
         if (ntok != 2)

@@ -19,6 +19,7 @@ struct log_entry g_log[MAX_LOG];
 unsigned int g_log_len;
 unsigned long g_calls[FN__COUNT][MAX_DEVICES + 1]; /* last slot: no device */
 FILE *g_log_file;
+char g_limits_path[4096];
 
 static void device_defaults(unsigned int i)
 {
@@ -51,6 +52,7 @@ void reset_locked(void)
         fclose(g_log_file);
         g_log_file = NULL;
     }
+    g_limits_path[0] = '\0';
     events_reset_locked();
     g_state_ready = 1;
 }
@@ -209,4 +211,23 @@ int copy_uuid(char *dst, const char *src)
         return -1;
     snprintf(dst, UUID_LEN, "%s", src);
     return 0;
+}
+
+/* Write every device's current limit to the limits file (a temporary file renamed
+ * over it: a reader never sees half of it), as "UUID MILLIWATTS" lines. */
+void save_limits_locked(void)
+{
+    char tmp[sizeof g_limits_path + 8];
+    unsigned int i;
+    FILE *fp;
+    if (g_limits_path[0] == '\0')
+        return;
+    snprintf(tmp, sizeof tmp, "%s.tmp", g_limits_path);
+    fp = fopen(tmp, "w");
+    if (fp == NULL)
+        return;
+    for (i = 0; i < g_count && i < MAX_DEVICES; i++)
+        fprintf(fp, "%s %u\n", g_devs[i].uuid, g_devs[i].current_mw);
+    if (fclose(fp) == 0)
+        rename(tmp, g_limits_path);
 }

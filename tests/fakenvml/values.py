@@ -118,6 +118,8 @@ class FakeConfig:
     events: tuple[QueuedEvent, ...] = ()
     init_error: ErrorSpec | None = None
     log_file: Path | None = None
+    # Where the devices' limits live between processes (as a real GPU keeps its limit).
+    limits_file: Path | None = None
     extra_lines: tuple[str, ...] = ()
 
     def render(self) -> str:
@@ -151,6 +153,8 @@ class FakeConfig:
             lines.append(f"init_error {self.init_error}")
         if self.log_file is not None:
             lines.append(f"log_file {self.log_file}")
+        if self.limits_file is not None:
+            lines.append(f"limits_file {self.limits_file}")
         lines.extend(self.extra_lines)
         return "\n".join(lines) + "\n"
 
@@ -161,6 +165,17 @@ class FakeConfig:
 
 
 _LOG_LINE = re.compile(r"set_limit device=(-?\d+) uuid=(\S+) milliwatts=(\d+) rc=(\d+)")
+
+
+def read_limits_file(path: Path) -> dict[str, int]:
+    """The ``limits_file``: each device's current limit (milliwatts) by UUID ({} if none)."""
+    if not path.is_file():
+        return {}
+    limits = {}
+    for line in path.read_text().splitlines():
+        uuid, _, milliwatts = line.partition(" ")
+        limits[uuid] = int(milliwatts)
+    return limits
 
 
 def read_log_file(path: Path) -> list[WriteLogEntry]:

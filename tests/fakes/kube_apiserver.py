@@ -40,7 +40,9 @@ and read the request log.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -50,7 +52,7 @@ from tests.fakes.kube_http import Handler, Server
 from tests.fakes.kube_leases import LeaseState, LeaseStore, LeaseWrite
 from tests.fakes.kube_nodes import Node, NodeStatusWrite, NodeStore
 from tests.fakes.kube_pods import Pod, PodStore
-from tests.fakes.kube_resources import ClaimStore, SliceStore
+from tests.fakes.kube_resources import ClaimStore, SliceStore, TaintRuleStore
 from tests.fakes.kube_store import Key, Obj, ResourceVersions
 from tests.fakes.kube_watch import WatchControls
 
@@ -80,9 +82,11 @@ class FakeKubeApiServer:
         self.events_store = EventStore(versions=self.versions, history_limit=history_limit)
         self.claims: ClaimStore | None = None
         self.slices: SliceStore | None = None
+        self.taint_rules: TaintRuleStore | None = None
         if resource_api:
             self.claims = ClaimStore(versions=self.versions, history_limit=history_limit)
             self.slices = SliceStore(versions=self.versions, history_limit=history_limit)
+            self.taint_rules = TaintRuleStore(versions=self.versions, history_limit=history_limit)
         # Whether resource.k8s.io/v1 answers now (serve_resource_api): a cluster upgraded,
         # or the group switched off, while its clients run.
         self.resource_served = resource_api
@@ -289,6 +293,17 @@ class FakeKubeApiServer:
 
     def delete_slice(self, name: str) -> None:
         self._resource_store(self.slices).delete(("", name))
+
+    def put_taint_rule(self, rule: Obj) -> Obj:
+        """Create a DeviceTaintRule given whole (as another writer would have)."""
+        store = self._resource_store(self.taint_rules)
+        stored = copy.deepcopy(rule)
+        stored["metadata"].setdefault("uid", str(uuid.uuid4()))
+        return store.create(("", stored["metadata"]["name"]), stored)
+
+    def taint_rule_names(self) -> list[str]:
+        keys = self._resource_store(self.taint_rules).keys()
+        return [name for _, name in keys]
 
     def serve_resource_api(self, served: bool) -> None:
         """Start or stop serving resource.k8s.io/v1 (its objects are kept): every path of

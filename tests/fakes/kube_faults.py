@@ -52,6 +52,8 @@ RequestKind = Literal[
     "claim_list",
     "claim_watch",
     "claim_get",
+    "taint_rule_list",
+    "taint_rule",
     "slice_list",
     "slice_watch",
     "discovery",

@@ -37,7 +37,14 @@ from tests.fakes.kube_leases import GROUP, LeasesEndpoint
 from tests.fakes.kube_lists import ListEndpoint
 from tests.fakes.kube_nodes import NODE_FIELDS, NodesEndpoint
 from tests.fakes.kube_pods import POD_FIELDS
-from tests.fakes.kube_resources import CLAIM_FIELDS, SLICE_FIELDS, ClaimStore, resource_list
+from tests.fakes.kube_resources import (
+    CLAIM_FIELDS,
+    SLICE_FIELDS,
+    TAINT_RULE_FIELDS,
+    ClaimStore,
+    TaintRuleStore,
+    resource_list,
+)
 from tests.fakes.kube_watch import WatchEndpoint
 from tests.fakes.kube_wire import not_found, status_body, typed
 
@@ -159,6 +166,26 @@ class Handler(
                     "GET": ("node_get", lambda: self._get_node(name)),
                     "PATCH": ("node_status", lambda: self._patch_node_status(name, raw)),
                 }
+            case ["apis", "resource.k8s.io", *_]:
+                return self._resource_routes(parts, query, raw)
+            case ["apis", group, "v1", "namespaces", namespace, "leases", *rest] if (
+                group == GROUP and len(rest) <= 1
+            ):
+                name = rest[0] if rest else None
+                methods = ("GET", "PUT") if rest else ("GET", "POST")
+                return {
+                    m: ("lease", self._lease_call(m, namespace, name, query, raw)) for m in methods
+                }
+        return None
+
+    def _resource_routes(
+        self, parts: list[str], query: dict[str, str], raw: bytes
+    ) -> dict[str, Route] | None:
+        """resource.k8s.io/v1: discovery, claims, slices, DeviceTaintRules."""
+        fake = self.fake
+        watching = query.get("watch", "").lower() in ("true", "1")
+        kind: RequestKind
+        match parts:
             case ["apis", "resource.k8s.io", "v1"]:
                 return {"GET": ("discovery", self._resource_discovery)}
             case ["apis", "resource.k8s.io", *_] if not fake.resource_served:
@@ -193,19 +220,28 @@ class Handler(
                         ),
                     )
                 }
+            case ["apis", "resource.k8s.io", "v1", "devicetaintrules"] if fake.taint_rules:
+                rules = fake.taint_rules
+                return {
+                    "GET": (
+                        "taint_rule_list",
+                        lambda: self._collection(
+                            rules, TAINT_RULE_FIELDS, query, kind="taint_rule_list"
+                        ),
+                    ),
+                    "POST": ("taint_rule", lambda: self._create_rule(rules, raw)),
+                }
+            case ["apis", "resource.k8s.io", "v1", "devicetaintrules", name] if fake.taint_rules:
+                rules = fake.taint_rules
+                return {
+                    "PUT": ("taint_rule", lambda: self._replace_rule(rules, name, raw)),
+                    "DELETE": ("taint_rule", lambda: self._delete_rule(rules, name)),
+                }
             case ["apis", "resource.k8s.io", "v1", "resourceslices"] if fake.slices is not None:
                 slices = fake.slices
                 kind = "slice_watch" if watching else "slice_list"
                 return {
                     "GET": (kind, lambda: self._collection(slices, SLICE_FIELDS, query, kind=kind))
-                }
-            case ["apis", group, "v1", "namespaces", namespace, "leases", *rest] if (
-                group == GROUP and len(rest) <= 1
-            ):
-                name = rest[0] if rest else None
-                methods = ("GET", "PUT") if rest else ("GET", "POST")
-                return {
-                    m: ("lease", self._lease_call(m, namespace, name, query, raw)) for m in methods
                 }
         return None
 
@@ -215,6 +251,37 @@ class Handler(
             self._send_json(404, not_found("resourceclaims", "resource.k8s.io", name))
         else:
             self._send_json(200, typed(claim, claims.kind, claims.api_version))
+
+    def _create_rule(self, rules: TaintRuleStore, raw: bytes) -> None:
+        body = json.loads(raw)
+        name = body["metadata"]["name"]
+        try:
+            stored = rules.create(("", name), body)
+        except ValueError:
+            self._send_json(409, status_body(409, f'devicetaintrules "{name}" already exists'))
+            return
+        self._send_json(201, typed(stored, rules.kind, rules.api_version))
+
+    def _replace_rule(self, rules: TaintRuleStore, name: str, raw: bytes) -> None:
+        body = json.loads(raw)
+        current = rules.get(("", name))
+        if current is None:
+            self._send_json(404, not_found("devicetaintrules", "resource.k8s.io", name))
+            return
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            message = f'Operation cannot be fulfilled on devicetaintrules "{name}"'
+            self._send_json(409, status_body(409, message))
+            return
+        stored = rules.replace(("", name), body)
+        self._send_json(200, typed(stored, rules.kind, rules.api_version))
+
+    def _delete_rule(self, rules: TaintRuleStore, name: str) -> None:
+        try:
+            gone = rules.delete(("", name))
+        except KeyError:
+            self._send_json(404, not_found("devicetaintrules", "resource.k8s.io", name))
+            return
+        self._send_json(200, typed(gone, rules.kind, rules.api_version))
 
     def _resource_discovery(self) -> None:
         if self.fake.claims is None or not self.fake.resource_served:

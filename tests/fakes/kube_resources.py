@@ -25,6 +25,7 @@ CLAIM_FIELDS = {
     "metadata.name": lambda claim: claim["metadata"]["name"],
     "metadata.namespace": lambda claim: claim["metadata"]["namespace"],
 }
+TAINT_RULE_FIELDS = {"metadata.name": lambda rule: rule["metadata"]["name"]}
 SLICE_FIELDS = {
     "metadata.name": lambda item: item["metadata"]["name"],
     "spec.nodeName": lambda item: item["spec"].get("nodeName", ""),
@@ -97,3 +98,15 @@ class SliceStore(ObjectStore):
                 return self.create(key, stored)
             metadata["uid"] = old["metadata"]["uid"]
             return self.replace(key, stored)
+
+
+class TaintRuleStore(ObjectStore):
+    """DeviceTaintRules (cluster-scoped) keyed by ("", name), as the controller writes them."""
+
+    def __init__(self, *, versions: ResourceVersions, history_limit: int = 1000) -> None:
+        super().__init__(
+            kind="DeviceTaintRule",
+            api_version=GROUP_VERSION,
+            versions=versions,
+            history_limit=history_limit,
+        )

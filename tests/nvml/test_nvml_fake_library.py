@@ -22,6 +22,7 @@ from tests.fakenvml.control import (
     Fault,
     UuidChange,
     WriteLogEntry,
+    read_limits_file,
     read_log_file,
 )
 
@@ -236,6 +237,33 @@ def test_subprocess_configured_by_file(fake_nvml_library: Path, tmp_path: Path) 
     assert read_log_file(log) == [
         WriteLogEntry(device=0, uuid="GPU-sub0", milliwatts=123_000, rc=0)
     ]
+
+
+def test_limits_file_keeps_the_limits_between_processes(
+    fake_nvml: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With limits_file, a limit set outlives the process that set it, as a GPU's does:
+    the next process starts with it (an agent restarted finds its caps in place), a
+    failed write changes nothing, and a device the file does not list keeps its own."""
+    limits = tmp_path / "limits"
+    config = FakeConfig(
+        devices=(FakeDevice(uuid="GPU-lim0"), FakeDevice(uuid="GPU-lim1")),
+        faults=(
+            Fault(function="nvmlDeviceSetPowerManagementLimit", device=1, error="NO_PERMISSION"),
+        ),
+        limits_file=limits,
+    ).write(tmp_path / "fake.conf")
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(config))
+    fake_nvml.reset()
+    with NvmlBackend() as backend:
+        assert backend.set_limit(0, uuid="GPU-lim0", milliwatts=250_000).ok
+        assert not backend.set_limit(1, uuid="GPU-lim1", milliwatts=200_000).ok
+    assert read_limits_file(limits) == {"GPU-lim0": 250_000, "GPU-lim1": 300_000}
+    fake_nvml.reset()  # a new process: nothing in memory, the file as it was left
+    with NvmlBackend() as backend:
+        assert fake_nvml.limit(0) == 250_000
+        assert fake_nvml.limit(1) == 300_000
+    assert not list(tmp_path.glob("limits.tmp"))
 
 
 def test_count_fault(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:

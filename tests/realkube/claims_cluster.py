@@ -23,13 +23,13 @@ from tests.realkube.components import Scene, open_scene, unique
 from tests.realkube.controlplane import ControlPlane
 from tests.realkube.dra import (
     AgentStream,
-    DraNode,
     ensure_device_class,
     get_claim,
     get_pod,
     pod_claim_names,
     reserved_for,
 )
+from tests.realkube.dra_node import DraNode
 from tests.realkube.kwok_cluster import CONTROLLERS
 
 NAMESPACED = ("--set", "rbac.namespaced=true")

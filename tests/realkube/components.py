@@ -315,15 +315,17 @@ class Scene:
         proc_root: Path,
         interval_s: float = 0.2,
         silence_bound_s: float = 5.0,
+        listen: str = "127.0.0.1:0",
     ) -> Process:
         """``capwatch agent`` in the agent pod ``pod`` (its node's), with the DaemonSet's args,
-        on the fake NVML."""
+        on the fake NVML, its gRPC on ``listen`` (its pod IP and the controller's
+        --agent-port, for a controller to discover it)."""
         container = self.release.container("DaemonSet", "agent")
         node = pod["spec"]["nodeName"]
         args = [
             *without_flags(container["args"], AGENT_REPLACED),
             f"--kubeconfig={kubeconfig}",
-            *("--grpc-listen=127.0.0.1:0", "--metrics-port=0", "--log-format=text"),
+            *(f"--grpc-listen={listen}", "--metrics-port=0", "--log-format=text"),
             f"--state-dir={self.directory / f'state-{node}'}",
             f"--proc-root={proc_root}",
             f"--interval={interval_s:g}",

@@ -18,20 +18,16 @@ class, with capwatch's opaque config; a pod that uses it. The real kube-schedule
 allocates the claim (``status.allocation``, ``status.reservedFor``) and binds the pod; no
 test writes an allocation here.
 
-:func:`start_dra_node` makes a KWOK node with the driver's slice and a real agent there
-(:class:`DraNode`); :class:`AgentStream` follows that agent's capwatch.v1 Watch on a
-thread and keeps every cycle's per-GPU statuses; :func:`dra_devices` reads its DRA
-resource-health mirror once.
+:class:`AgentStream` follows an agent's capwatch.v1 Watch on a thread and keeps every
+cycle's per-GPU statuses; :func:`dra_devices` reads its DRA resource-health mirror once.
+The node and its agent are tests/realkube/dra_node.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import uuid as uuid_module
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -41,10 +37,8 @@ from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from api.gen.v1 import dra_health_pb2 as dra_pb
 from api.gen.v1 import dra_health_pb2_grpc as dra_grpc
 from server.grpc.nodes import NODE_METADATA_KEY
-from tests.controller.e2e.processes import Process, wait_until
-from tests.fakenvml.control import FakeConfig, FakeDevice, read_log_file
-from tests.realkube.access import ApiAccess, ApiError, BoundPod
-from tests.realkube.components import Scene
+from tests.controller.e2e.processes import wait_until
+from tests.realkube.access import ApiAccess, ApiError
 from tests.realkube.flags import KWOK_NODE_SELECTOR
 
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -432,91 +426,3 @@ def dra_devices(address: str, node: str) -> dict[tuple[str, str], dra_pb.DeviceH
         finally:
             call.cancel()
     return {(d.device.pool_name, d.device.device_name): d for d in first.devices}
-
-
-# --- a node with the driver's slice, and its agent ------------------------------------------
-
-SAFE_DEFAULT_W = 300  # the chart's --safe-default-watts
-MIN_MW, MAX_MW, DEFAULT_MW = 200_000, 700_000, 700_000  # an H100's settable range
-
-
-@dataclass(kw_only=True)
-class DraNode:
-    """A node KWOK keeps Ready, the GPU driver's ResourceSlice of it, and a real agent there
-    on the fake NVML, as the agent's ServiceAccount (its token bound to its pod)."""
-
-    scene: Scene
-    name: str
-    devices: dict[str, str]  # the slice's device name -> UUID
-    nvml: list[str]  # the UUIDs in NVML index order (not the slice's)
-    process: Process
-    log_file: Path
-    address: str
-
-    def writes(self, uuid: str) -> list[int]:
-        """The milliwatts of every successful limit write to ``uuid``, in order."""
-        if not self.log_file.exists():
-            return []
-        return [e.milliwatts for e in read_log_file(self.log_file) if e.rc == 0 and e.uuid == uuid]
-
-    def device_of(self, allocated: tuple[str, str, str]) -> str:
-        """The UUID of an allocated (driver, pool, device), by this node's slice."""
-        driver, pool, device = allocated
-        assert (driver, pool) == (GPU_DRIVER, self.name), allocated
-        return self.devices[device]
-
-    @contextlib.contextmanager
-    def stream(self) -> Iterator[AgentStream]:
-        """The agent's stream, once it shows every GPU idle (nothing asked of any yet)."""
-        with AgentStream(address=self.address, node=self.name) as stream:
-            stream.wait_idle(list(self.devices.values()))
-            yield stream
-
-
-def start_dra_node(scene: Scene, *, gpus: int = 2) -> DraNode:
-    """A fresh KWOK node with ``gpus`` GPUs in its slice (``gpu-0``... as the driver names
-    them) and its agent, once the agent has completed its first cycle. The fake NVML lists
-    them in the reverse order, so that a GPU's NVML index is not its slice name's number:
-    only the UUID joins the two. No process runs on any of them. The agent's pod (the
-    DaemonSet's labels and account) is KWOK's to run, as any pod on the node."""
-    tag = uuid_module.uuid4().hex[:8]
-    name = f"dra-{tag}"
-    node = kwok_node(scene.plane, name)
-    scene.nodes.append(name)
-    devices = {f"gpu-{i}": gpu_uuid(tag, i) for i in range(gpus)}
-    scene.paths.append(publish_slice(scene.plane, node, devices))
-    nvml = list(reversed(devices.values()))
-    directory = scene.directory / f"agent-{name}"
-    (directory / "proc").mkdir(parents=True)
-    log_file = directory / "nvml-writes.log"
-    fake = FakeConfig(
-        devices=tuple(
-            FakeDevice(
-                uuid=u, min_milliwatts=MIN_MW, max_milliwatts=MAX_MW, default_milliwatts=DEFAULT_MW
-            )
-            for u in nvml
-        ),
-        log_file=log_file,
-    ).write(directory / "fake-nvml.conf")
-    wait_until(lambda: node_ready(scene.plane, name), timeout=60, what=f"{name} Ready")
-    own = scene.pod(
-        f"{scene.release.name}-{tag[:5]}",
-        name,
-        labels=scene.release.pod_labels("DaemonSet"),
-        account=scene.release.service_account("agent"),
-    )
-    config = scene.kubeconfig(
-        "agent", pod=BoundPod(own["metadata"]["name"], own["metadata"]["uid"])
-    )
-    process = scene.agent(own, kubeconfig=config, nvml_config=fake, proc_root=directory / "proc")
-    address = process.wait_log(r"grpc serving addresses=(\S+)")[1]
-    process.wait_log(r"cycle seq=1 ")
-    return DraNode(
-        scene=scene,
-        name=name,
-        devices=devices,
-        nvml=nvml,
-        process=process,
-        log_file=log_file,
-        address=address,
-    )

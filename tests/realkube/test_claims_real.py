@@ -51,8 +51,6 @@ from tests.realkube.claims_cluster import (
 from tests.realkube.controlplane import ControlPlane
 from tests.realkube.dra import (
     CAPWATCH_DRIVER,
-    DEFAULT_MW,
-    SAFE_DEFAULT_W,
     PodClaim,
     allocated_config,
     allocated_devices,
@@ -65,8 +63,8 @@ from tests.realkube.dra import (
     get_claim,
     get_pod,
     power_cap,
-    start_dra_node,
 )
+from tests.realkube.dra_node import DEFAULT_MW, SAFE_DEFAULT_W, start_dra_node
 
 __all__ = ["audit", "cluster"]  # the module's fixtures, from claims_cluster
 

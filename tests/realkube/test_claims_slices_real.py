@@ -32,10 +32,8 @@ from tests.realkube.claims_cluster import (
 )
 from tests.realkube.controlplane import ControlPlane
 from tests.realkube.dra import (
-    DEFAULT_MW,
     RESOURCE,
     AgentStream,
-    DraNode,
     PodClaim,
     allocated_devices,
     cap_config,
@@ -44,8 +42,8 @@ from tests.realkube.dra import (
     create_claiming_pod,
     power_cap,
     resource_slice,
-    start_dra_node,
 )
+from tests.realkube.dra_node import DEFAULT_MW, DraNode, start_dra_node
 
 __all__ = ["audit", "cluster"]  # the module's fixtures, from claims_cluster
 

@@ -367,8 +367,9 @@ def test_cleanup_removes_the_condition_as_the_hook_account(scene: Scene) -> None
 
     done = scene.cleanup()
     assert done.returncode == 0, done.stdout + done.stderr
-    (line,) = done.stdout.splitlines()
+    line, rules = done.stdout.splitlines()
     assert line.startswith("removed GPUPowerCapEnforced from "), line
+    assert rules == "removed 0 of 0 DeviceTaintRules", rules
     for node in nodes:
         assert scene.condition(node) is None
         assert _others(scene, node) == [READY]

@@ -26,13 +26,16 @@ from pathlib import Path
 
 import pytest
 
+from controller.taints import DeviceTaint, Effect, TaintPolicy, rule_object
 from tests.chart.support import Helm
-from tests.controller.e2e.processes import START_S, wait_until
+from tests.controller.e2e.processes import START_S, Process, wait_until
+from tests.fakenvml.control import FakeConfig, FakeDevice, QueuedEvent
 from tests.realkube.agentrun import CAP_W, CLAIM_W, AgentRun, start_agent
 from tests.realkube.audit import AuditLog, Call, audited_plane
 from tests.realkube.chart import Grant, apply, wait_authorized
 from tests.realkube.components import Scene, open_scene, unique
 from tests.realkube.controlplane import ControlPlane
+from tests.realkube.dra import GPU_DRIVER, RESOURCE, gpu_uuid, publish_slice
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -117,34 +120,87 @@ def _assert_each_needed(refused: dict[Grant, list[Call]]) -> None:
 # --- the controller ----------------------------------------------------------------------
 
 
+AGENT_ADDRESS = 7  # the loopback address the round's agent listens on (its pod IP)
+TAINT_VALUES = (
+    "--set", "agent.faultRecoverySeconds=3",
+    "--set", "controller.deviceTaints.holdDownSeconds=1",
+)  # fmt: skip
+
+
+def _faulted_agent(scene: Scene, node: str) -> Process:
+    """The node's driver slice (two GPUs), a rule of the release already on gpu-0 with
+    another effect (as a former leader left it), and the node's agent, found through its
+    pod, on a fake NVML with an XID queued on each GPU (cleared 3 s later)."""
+    made = scene.plane.request("GET", f"/api/v1/nodes/{node}")
+    devices = {f"gpu-{i}": gpu_uuid(node[-8:], i) for i in range(2)}
+    scene.paths.append(publish_slice(scene.plane, made, devices))
+    stale = rule_object(
+        DeviceTaint(
+            node=node, index=0, uuid=devices["gpu-0"], driver=GPU_DRIVER, pool=node,
+            device="gpu-0", category="xid", effect=Effect.NO_SCHEDULE, faults=("XID 79",),
+        ),
+        TaintPolicy(release=scene.release.name),
+    )  # fmt: skip
+    made_rule = scene.plane.request("POST", f"{RESOURCE}/devicetaintrules", stale)
+    scene.paths.append(f"{RESOURCE}/devicetaintrules/{made_rule['metadata']['name']}")
+    pod = scene.agent_pod(node, scene.loopback.ip(AGENT_ADDRESS))
+    directory = scene.directory / f"agent-{node}"
+    (directory / "proc").mkdir(parents=True)
+    config = FakeConfig(
+        devices=tuple(FakeDevice(uuid=uuid) for uuid in devices.values()),
+        events=(QueuedEvent(index=0, data=79), QueuedEvent(index=1, data=79)),
+    ).write(directory / "fake-nvml.conf")
+    return scene.agent(
+        pod,
+        kubeconfig=scene.plane.kubeconfig,  # the agent's RBAC is not what this round tests
+        nvml_config=config,
+        proc_root=directory / "proc",
+        listen=scene.loopback.address(AGENT_ADDRESS),
+    )
+
+
 def _controller_round(scene: Scene, audit: AuditLog, removed: Grant | None = None) -> list[Call]:
-    """A fresh start (no Lease yet) with one GPU node of its own and no agent: the
-    controller creates and renews the Lease, writes the node AgentMissing and posts the
-    Event. Ends once that is all done, or once ``removed`` was refused."""
+    """A fresh start (no Lease yet) with two GPU nodes of its own: one without an agent,
+    one whose agent reports an XID on each GPU its driver's slice names, then their
+    recovery. The controller creates and renews the Lease, writes the conditions, posts
+    the Events, lists the release's DeviceTaintRules, updates the one a former leader
+    left, creates the other, and deletes both after the hold-down. Ends once that is all
+    done, or once ``removed`` was refused."""
     user = scene.release.user("controller")
     path = f"/apis/coordination.k8s.io/v1/namespaces/{scene.namespace}/leases/capwatch-controller-0"
     scene.delete(path)
-    node = unique("gpu") + "0"
-    scene.gpu_node(node)
+    missing, faulted = unique("gpu") + "0", unique("gpu") + "1"
+    for node in (missing, faulted):
+        scene.gpu_node(node)
+    agent = _faulted_agent(scene, faulted)
     mark = audit.mark()
     process = scene.controller(0)
     grants = scene.release.grants("controller")
 
     def finished() -> bool:
-        if process.popen.poll() is not None:
-            raise AssertionError(f"the controller exited:\n{process.log[-3000:]}")
+        for proc in (process, agent):
+            if proc.popen.poll() is not None:
+                raise AssertionError(f"{proc.name} exited:\n{proc.log[-3000:]}")
         calls = audit.calls(user=user, since=mark)
-        if removed is not None and any(c.covered_by(removed) and c.code == 403 for c in calls):
-            return True
-        return set(_used(calls, grants)) >= set(grants) - {removed}
+        if removed is not None:
+            # Until the call that grant allows is refused (a rule's delete comes only
+            # after the recovery and the hold-down).
+            return any(c.covered_by(removed) and c.code == 403 for c in calls)
+        return set(_used(calls, grants)) >= set(grants)
 
     try:
         wait_until(finished, timeout=START_S, what=f"the controller's calls (without {removed})")
         time.sleep(GRACE_S)
     finally:
-        process.popen.terminate()
-        process.wait(timeout=30)
-        scene.delete(f"/api/v1/nodes/{node}")
+        for proc in (process, agent):
+            proc.popen.terminate()
+            proc.wait(timeout=30)
+        for node in (missing, faulted):
+            scene.delete(f"/api/v1/nodes/{node}")
+        ours = f"app.kubernetes.io/instance={scene.release.name}"
+        listed = scene.plane.request("GET", f"{RESOURCE}/devicetaintrules?labelSelector={ours}")
+        for rule in listed["items"]:
+            scene.delete(f"{RESOURCE}/devicetaintrules/{rule['metadata']['name']}")
     return audit.calls(user=user, since=mark)
 
 
@@ -152,9 +208,10 @@ def test_controller_does_its_job_with_exactly_the_rendered_rbac(
     plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog
 ) -> None:
     """As its own ServiceAccount under the rendered ClusterRole and Role only, the
-    controller takes the Lease, renews it, writes the condition and posts the Event with
-    no call refused, and every grant of both roles is used by some call of it."""
-    with _scene(plane, helm, tmp_path, "controller") as scene:
+    controller takes the Lease, renews it, writes the conditions, posts the Events and
+    keeps the DeviceTaintRules of a faulted node (list, update, create, delete) with no
+    call refused, and every grant of both roles is used by some call of it."""
+    with _scene(plane, helm, tmp_path, "controller", values=TAINT_VALUES) as scene:
         calls = _controller_round(scene, audit)
         grants = scene.release.grants("controller")
     assert _denied(calls) == []
@@ -167,8 +224,9 @@ def test_each_controller_grant_is_needed(
 ) -> None:
     """Each single grant of the controller's ClusterRole and Role taken away in turn: some
     real call of the controller (a lease read, create or renewal, the node or pod list or
-    watch, the status patch, the Event) is refused with 403 for exactly that grant."""
-    with _scene(plane, helm, tmp_path, "controller") as scene:
+    watch, the status patch, the Event, a DeviceTaintRule's list, create, update or
+    delete) is refused with 403 for exactly that grant."""
+    with _scene(plane, helm, tmp_path, "controller", values=TAINT_VALUES) as scene:
         grants = scene.release.grants("controller")
         refused = _removal_rounds(
             scene, "controller", grants, lambda g: _controller_round(scene, audit, g)
@@ -180,7 +238,8 @@ def test_each_controller_grant_is_needed(
 
 
 def _cleanup_round(scene: Scene, audit: AuditLog) -> tuple[int, list[Call]]:
-    """``capwatch controller cleanup`` (the Job's args) with one node carrying the condition."""
+    """``capwatch controller cleanup`` (the Job's args) with one node carrying the
+    condition and one DeviceTaintRule of the release."""
     node = unique("gpu") + "0"
     scene.gpu_node(
         node,
@@ -195,11 +254,25 @@ def _cleanup_round(scene: Scene, audit: AuditLog) -> tuple[int, list[Call]]:
             }
         ],
     )
+    rule = rule_object(
+        DeviceTaint(
+            node=node, index=0, uuid="GPU-0", driver=GPU_DRIVER, pool=node, device="gpu-0",
+            category="xid", effect=Effect.NONE, faults=("XID 79",),
+        ),
+        TaintPolicy(release=scene.release.name),
+    )  # fmt: skip
+    name = scene.plane.request("POST", f"{RESOURCE}/devicetaintrules", rule)["metadata"]["name"]
     mark = audit.mark()
     done = scene.cleanup()
     calls = audit.calls(user=scene.release.user("cleanup"), since=mark)
     if done.returncode == 0:
         assert scene.condition(node) is None
+        assert name not in {
+            r["metadata"]["name"]
+            for r in scene.plane.request("GET", f"{RESOURCE}/devicetaintrules")["items"]
+        }
+    else:
+        scene.delete(f"{RESOURCE}/devicetaintrules/{name}")
     scene.delete(f"/api/v1/nodes/{node}")
     return done.returncode, calls
 
@@ -208,7 +281,8 @@ def test_cleanup_does_its_job_with_exactly_the_rendered_rbac(
     plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog
 ) -> None:
     """As the hook's ServiceAccount under the hook's ClusterRole only, the cleanup removes
-    the condition with no call refused, and uses each grant of that role."""
+    the condition and the release's DeviceTaintRule with no call refused, and uses each
+    grant of that role."""
     with _scene(plane, helm, tmp_path, "cleanup") as scene:
         code, calls = _cleanup_round(scene, audit)
         grants = scene.release.grants("cleanup")
@@ -221,7 +295,8 @@ def test_each_cleanup_grant_is_needed(
     plane: ControlPlane, helm: Helm, tmp_path: Path, audit: AuditLog
 ) -> None:
     """Each grant of the hook's ClusterRole taken away: the cleanup exits 1 and the call
-    that grant allows (the node list, or the status patch) got 403."""
+    that grant allows (the node list, the status patch, the rules' list or delete) got
+    403."""
     with _scene(plane, helm, tmp_path, "cleanup") as scene:
         codes: list[int] = []
 

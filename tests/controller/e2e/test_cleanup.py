@@ -1,5 +1,6 @@
-"""``capwatch controller cleanup`` (the chart's pre-delete hook) against the fake API
-server: the condition goes from every Node that carries it, and nothing else does."""
+"""``capwatch controller cleanup`` (the chart's post-delete hook) against the fake API
+server: the condition goes from every Node that carries it, the release's
+DeviceTaintRules go, and nothing else does."""
 
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def test_cleanup_removes_the_condition_and_only_it(cluster: Cluster) -> None:
     assert first.returncode == 1, first.stdout + first.stderr
     lines = first.stdout.splitlines()
     assert lines[0] == f"removed {CONDITION} from 2 of 4 nodes", lines
-    (failure,) = lines[1:]
+    assert lines[-1] == "removed 0 of 0 DeviceTaintRules", lines
+    (failure,) = lines[1:-1]
     assert failure.startswith("capwatch controller cleanup: "), failure
     failed = failure.split()[3].rstrip(":")
     assert failed in {"gpu-1", "was-gpu", "gpu-3"}, failure
@@ -73,7 +75,10 @@ def test_cleanup_removes_the_condition_and_only_it(cluster: Cluster) -> None:
 
     second = _cleanup(cluster)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert second.stdout.splitlines() == [f"removed {CONDITION} from 1 of 4 nodes"]
+    assert second.stdout.splitlines() == [
+        f"removed {CONDITION} from 1 of 4 nodes",
+        "removed 0 of 0 DeviceTaintRules",
+    ]
 
     assert _types(cluster, "gpu-1") == ["Ready", "FrequentKubeletRestart"]
     assert _types(cluster, "gpu-2") == ["Ready"]
@@ -84,3 +89,41 @@ def test_cleanup_removes_the_condition_and_only_it(cluster: Cluster) -> None:
     for write in cluster.fake.node_status_writes():
         assert write.patch == {"status": {"conditions": [{"type": CONDITION, "$patch": "delete"}]}}
         assert write.user_agent == "capwatch-controller/cleanup"
+
+
+def _rule(name: str, instance: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/managed-by": "capwatch",
+                "app.kubernetes.io/instance": instance,
+            },
+        },
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "gpu-1", "device": "gpu-0"},
+            "taint": {"key": "capwatch.io/gpu-fault", "value": "xid", "effect": "None"},
+        },
+    }
+
+
+def test_cleanup_removes_the_releases_device_taint_rules_and_no_others(cluster: Cluster) -> None:
+    """The rules labelled with this release (--release, the chart's release name) are
+    deleted; another release's, and rules capwatch did not write, stay. A delete that
+    fails (500) exits 1 naming it; a second run finishes the job."""
+    cluster.fake.put_taint_rule(_rule("capwatch-gpu-1-gpu-0-aaaa", "capwatch"))
+    cluster.fake.put_taint_rule(_rule("capwatch-gpu-1-gpu-1-bbbb", "capwatch"))
+    cluster.fake.put_taint_rule(_rule("other-gpu-1-gpu-0-cccc", "other"))
+    theirs = _rule("an-admins-rule", "capwatch")
+    theirs["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "someone"
+    cluster.fake.put_taint_rule(theirs)
+    cluster.fake.fail_next("taint_rule", 500, method="DELETE")
+    first = _cleanup(cluster)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "removed 1 of 2 DeviceTaintRules" in first.stdout
+    second = _cleanup(cluster)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.stdout.splitlines()[-1] == "removed 1 of 1 DeviceTaintRules"
+    assert sorted(cluster.fake.taint_rule_names()) == ["an-admins-rule", "other-gpu-1-gpu-0-cccc"]

@@ -646,6 +646,7 @@ class DeviceStatus(_message.Message):
     TELEMETRY_FIELD_NUMBER: _builtins.int
     CLAIMS_FIELD_NUMBER: _builtins.int
     DRA_POOL_NAME_FIELD_NUMBER: _builtins.int
+    DRA_DRIVER_NAME_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     dra_device_name: _builtins.str
@@ -670,6 +671,12 @@ class DeviceStatus(_message.Message):
     dra_pool_name: _builtins.str
     """The pool the DRA resource-health mirrors use for this GPU (its driver's
     ResourceSlice's, when the agent reads them).
+    """
+    dra_driver_name: _builtins.str
+    """The DRA driver whose ResourceSlice of this node names this GPU (with
+    dra_pool_name and dra_device_name: the device as DRA names it, what a
+    DeviceTaintRule selects); empty when no slice names it (the names then come
+    from the agent's flags).
     """
     @_builtins.property
     def owners(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodRef]: ...
@@ -724,10 +731,11 @@ class DeviceStatus(_message.Message):
         telemetry: Global___DeviceTelemetry | None = ...,
         claims: _abc.Iterable[Global___ClaimRef] | None = ...,
         dra_pool_name: _builtins.str = ...,
+        dra_driver_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "telemetry", b"telemetry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "cap_source", b"cap_source", "claims", b"claims", "clamp_direction", b"clamp_direction", "dra_device_name", b"dra_device_name", "dra_pool_name", b"dra_pool_name", "error_class", b"error_class", "faults", b"faults", "health", b"health", "index", b"index", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "message", b"message", "outcome", b"outcome", "owners", b"owners", "process_count", b"process_count", "reason", b"reason", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "safe_default_cause", b"safe_default_cause", "sequence", b"sequence", "telemetry", b"telemetry", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "cap_source", b"cap_source", "claims", b"claims", "clamp_direction", b"clamp_direction", "dra_device_name", b"dra_device_name", "dra_driver_name", b"dra_driver_name", "dra_pool_name", b"dra_pool_name", "error_class", b"error_class", "faults", b"faults", "health", b"health", "index", b"index", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "message", b"message", "outcome", b"outcome", "owners", b"owners", "process_count", b"process_count", "reason", b"reason", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "safe_default_cause", b"safe_default_cause", "sequence", b"sequence", "telemetry", b"telemetry", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__applied_watts: _TypeAlias = _typing.Literal["applied_watts"]  # noqa: Y015
     _WhichOneofArgType__applied_watts: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts"]  # noqa: Y015
