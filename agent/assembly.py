@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.attribution import Attributor, FsProcRoot
-from agent.capping import CapBounds
+from agent.capping import CapBounds, Mode
+from agent.departure import DepartureCheck
 from agent.devices import inventory
 from agent.dra.claims import ClaimView
 from agent.forgetting import ForgetRequests
@@ -25,7 +26,7 @@ from agent.nudge import Nudge
 from agent.ownership import LoadStatus, OwnershipStore
 from agent.podevents import PodEvents
 from agent.pods import PodView
-from agent.reconciling import CycleListener, Policy, Reconciler
+from agent.reconciling import CycleListener, Reconciler
 from agent.reports import CycleReport
 from agent.running import AgentLoop, CycleThread
 from agent.settings import AgentSettings, BackendKind
@@ -34,11 +35,15 @@ from agent.sim.limits import PersistentLimits
 from agent.sim.scenario import Scenario, default_scenario, load_scenario
 from agent.sim.views import SimGpuBackend, SimPodView
 from agent.sim.world import SimWorld
+from agent.stepping import Policy
 from kit.clock import Clock, SystemClock
 from kit.errors import BackendUnavailable, CapwatchError, PodViewError
 from kit.scratch import ScratchDirectory
 
 log = logging.getLogger(__name__)
+
+# Each of the departure check's GETs at shutdown (three fit in DEPARTURE_TIMEOUT_S).
+DEPARTURE_READ_TIMEOUT_S = 2.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +57,7 @@ class _Parts:
     pod_events: PodEvents | None = None
     claims: ClaimView | None = None
     nudge: Nudge | None = None  # told by the watches when a cycle should come sooner
+    departure: DepartureCheck | None = None  # None: restore at every stop (standalone)
 
 
 def load_settings_scenario(settings: AgentSettings) -> Scenario:
@@ -120,6 +126,8 @@ def _assemble(
             bounds=CapBounds(
                 floor_watts=settings.cap_floor_watts, ceiling_watts=settings.cap_ceiling_watts
             ),
+            mode=settings.mode,
+            unclaimed=settings.unclaimed_policy,
         ),
         initial_device_count=count,
         release_unowned_idle=status is LoadStatus.UNREADABLE,
@@ -144,9 +152,12 @@ def _assemble(
         nudge=parts.nudge,
     )
     log.info(
-        "agent assembled node=%s backend=%s gpus=%d interval=%gs stale_after=%gs",
+        "agent assembled node=%s backend=%s mode=%s unclaimed_policy=%s gpus=%d interval=%gs "
+        "stale_after=%gs",
         parts.node_name,
         settings.gpu_backend.value,
+        settings.mode.value,
+        settings.unclaimed_policy.value,
         count,
         settings.interval_s,
         settings.stale_after_s,
@@ -163,6 +174,8 @@ def _assemble(
         shutdown_grace_s=settings.shutdown_grace_s,
         cleanups=parts.cleanups,
         pod_events=parts.pod_events,
+        departure=parts.departure,
+        observing=settings.mode is Mode.OBSERVE,
     )
 
 
@@ -238,6 +251,7 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
         api_client_from_environment,
         group_version_served,
     )
+    from agent.kube.departure import KubeDepartureCheck  # noqa: PLC0415
     from agent.kube.informer import WatchPolicy  # noqa: PLC0415
     from agent.kube.podview import PodInformer  # noqa: PLC0415
     from agent.nvml.backend import NvmlBackend  # noqa: PLC0415
@@ -290,10 +304,23 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
     events = None
     if settings.pod_events:
         events = PodEvents(
-            KubernetesEventSink(api_client=api, node_name=settings.node_name, clock=clock),
+            KubernetesEventSink(
+                api_client=api,
+                node_name=settings.node_name,
+                clock=clock,
+                release=settings.release,
+            ),
             annotation_key=settings.annotation_key,
         )
     closers = () if events is None else (events.close,)
+    departure = None
+    if settings.agent_pod_name is not None and settings.agent_pod_namespace is not None:
+        departure = KubeDepartureCheck(
+            ObjectRequests(api, timeout=DEPARTURE_READ_TIMEOUT_S),
+            namespace=settings.agent_pod_namespace,
+            pod_name=settings.agent_pod_name,
+            node_name=settings.node_name,
+        )
     return _Parts(
         backend=backend,
         pods=view,
@@ -303,4 +330,5 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
         pod_events=events,
         claims=claims,
         nudge=nudge,
+        departure=departure,
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from agent.dra.claims import ClaimCap, ClaimRef
 from agent.gpus import PowerConstraints
@@ -51,6 +52,20 @@ def parse_watts(value: str | None) -> int | None:
     if watts <= 0 or watts > MAX_REQUEST_WATTS:
         return None
     return watts
+
+
+class Mode(str, Enum):
+    """Whether cycles write (``enforce``) or only say what they would write (``observe``)."""
+
+    ENFORCE = "enforce"
+    OBSERVE = "observe"
+
+
+class UnclaimedPolicy(str, Enum):
+    """What a busy GPU nobody asks a cap for gets: the safe default, or its limit left."""
+
+    SAFE_DEFAULT = "safeDefault"
+    LEAVE = "leave"
 
 
 @dataclass(frozen=True, kw_only=True)

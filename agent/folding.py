@@ -19,8 +19,9 @@ log = logging.getLogger("agent.reconciling")
 class CycleBuilder:
     """Accumulates one cycle's fold; ``finish`` freezes it into a CycleReport."""
 
-    def __init__(self, *, sequence: int, clock: Clock) -> None:
+    def __init__(self, *, sequence: int, clock: Clock, observe: bool = False) -> None:
         self._clock = clock
+        self._observe = observe
         self._sequence = sequence
         self._started_wall = clock.wall()
         self._started_mono = clock.monotonic()
@@ -57,6 +58,7 @@ class CycleBuilder:
             unsaved_cycles=self._unsaved_cycles,
             save_failures=self._save_failures,
             events=self.events,
+            observe=self._observe,
         )
 
 

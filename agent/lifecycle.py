@@ -2,32 +2,44 @@
 
 Stop order (each step bounded so a hung NVML call cannot keep caps in place
 forever): tell the running cycle to stop at its next GPU boundary; wait for it
-up to the grace period; restore the default limit on every GPU this agent
-owns and persist the record; close the pod view and the GPU library. The
-readiness and serving steps that precede these belong to the server layer,
-which calls :meth:`Agent.stop` after it has stopped serving.
+up to the grace period; ask whether capwatch is leaving the node
+(:mod:`agent.departure`) and only then restore the default limit on every GPU
+this agent owns and persist the record (staying, the caps are left for the
+next agent; observe mode writes nothing); close the pod view and the GPU
+library. The readiness and serving steps that precede these belong to the
+server layer, which calls :meth:`Agent.stop` after it has stopped serving.
+
+Leaving the node, and why restoring waits for it, is :mod:`agent.departure`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
+from typing import TypeVar
 
+from agent.departure import Departure, DepartureCheck, Standalone, staying_unknown
 from agent.gpus import GpuBackend
 from agent.hub import Hub
 from agent.podevents import PodEvents
 from agent.pods import PodView
-from agent.reconciling import InFlightWrite, Reconciler
+from agent.reconciling import Reconciler
 from agent.reports import GpuResult
 from agent.running import AgentLoop, CycleThread
+from agent.stepping import InFlightWrite
 
 log = logging.getLogger(__name__)
 
 LOOP_TASK_NAME = "capwatch-reconcile-loop"
+# Three GETs, each under its own timeout: past this the caps stay (cannot tell).
+DEPARTURE_TIMEOUT_S = 8.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +51,8 @@ class ShutdownSummary:
     restore_finished: bool
     # The hung cycle's write, which may still land after the restore sweep.
     in_flight: InFlightWrite | None = None
+    # Whether capwatch is leaving the node, and why (None: observe mode, nothing to restore).
+    departure: Departure | None = None
 
     @property
     def clean(self) -> bool:
@@ -64,6 +78,8 @@ class Agent:
         shutdown_grace_s: float,
         cleanups: tuple[Callable[[], None], ...] = (),
         pod_events: PodEvents | None = None,
+        departure: DepartureCheck | None = None,
+        observing: bool = False,
     ) -> None:
         self.node_name = node_name
         self.interval_s = interval_s
@@ -76,6 +92,8 @@ class Agent:
         self._grace = shutdown_grace_s
         self._cleanups = cleanups
         self.pod_events = pod_events  # None: not posting Events (simulator, or turned off)
+        self._departure: DepartureCheck = departure or Standalone()
+        self._observing = observing  # observe mode: no write at all, the sweep included
         self._task: asyncio.Task[None] | None = None
 
     def start(self, stop: asyncio.Event, *, max_cycles: int | None = None) -> asyncio.Task[None]:
@@ -109,7 +127,8 @@ class Agent:
                 log.exception("error while closing %s", close)
 
     async def stop(self) -> ShutdownSummary:
-        """Stop the loop, restore owned GPUs, close everything. Safe to call once."""
+        """Stop the loop, restore owned GPUs if leaving the node, close everything.
+        Safe to call once."""
         self.reconciler.request_shutdown()
         cycle_finished = True
         if self._task is not None and not self._task.done():
@@ -121,7 +140,18 @@ class Agent:
                 )
                 self._task.cancel()
         in_flight = None if cycle_finished else self.reconciler.in_flight_write
-        restored, restore_finished = await self._restore()
+        departure = None
+        restored: tuple[GpuResult, ...] = ()
+        restore_finished = True
+        if self._observing:
+            log.info("shutdown: observe mode, nothing was written and nothing is restored")
+        else:
+            departure = await self._ask_departure()
+            if departure.leaving:
+                log.info("shutdown: leaving the node (%s); restoring defaults", departure.reason)
+                restored, restore_finished = await self._restore()
+            else:
+                log.info("shutdown: staying (%s)", departure.reason)
         for result in restored:
             log.info(
                 "shutdown restore gpu=%d uuid=%s outcome=%s reason=%s",
@@ -149,25 +179,51 @@ class Agent:
             restored=restored,
             restore_finished=restore_finished,
             in_flight=in_flight,
+            departure=departure,
         )
+
+    async def _ask_departure(self) -> Departure:
+        try:
+            check = self._departure.check
+            return await _off_thread(check, "capwatch-departure", DEPARTURE_TIMEOUT_S)
+        except TimeoutError:
+            why = f"no answer within {DEPARTURE_TIMEOUT_S:g}s"
+        except Exception as exc:  # a bug in a check must not decide for the restore
+            log.exception("shutdown: the departure check failed")
+            why = f"{type(exc).__name__}: {exc}"
+        return staying_unknown(why)
 
     async def _restore(self) -> tuple[tuple[GpuResult, ...], bool]:
         # The cycle thread may be stuck in a hung call: restore on a fresh daemon
         # thread so the sweep can go ahead, bounded by the grace period.
-        future: Future[tuple[GpuResult, ...]] = Future()
-
-        def work() -> None:
-            try:
-                future.set_result(self.reconciler.restore_all())
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
-                future.set_exception(exc)
-
-        threading.Thread(target=work, name="capwatch-restore", daemon=True).start()
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self._grace), True
+            return (
+                await _off_thread(self.reconciler.restore_all, "capwatch-restore", self._grace),
+                True,
+            )
         except TimeoutError:
             log.error("restoring default caps did not finish within %.1fs", self._grace)
             return (), False
         except Exception:
             log.exception("restoring default caps failed")
             return (), False
+
+
+async def _off_thread(work: Callable[[], T], name: str, timeout_s: float) -> T:
+    """``work()`` on a daemon thread of its own, awaited up to ``timeout_s``: a call
+    stuck in a driver or a socket neither blocks the loop nor keeps the process alive."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        # The awaiting side may have given up: its timeout cancels the future.
+        try:
+            result = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
+            with contextlib.suppress(InvalidStateError):
+                future.set_exception(exc)
+        else:
+            with contextlib.suppress(InvalidStateError):
+                future.set_result(result)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)

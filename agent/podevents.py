@@ -4,8 +4,9 @@ A pod owner who writes ``capwatch.io/gpu-power-limit`` would otherwise learn
 what became of it only from the agent's stream, metrics or log. Each cycle's
 report is turned into Events on the owner pods (``kubectl describe pod``
 shows them): the cap applied, the safe default and why, a clamp into the
-GPU's range, a failed write. An Event is emitted when what it would say
-changes for that pod and GPU, not every cycle.
+GPU's range, a failed write; in observe mode the cap that would have been
+applied; with the unclaimed policy ``leave``, that no cap was set. An Event is
+emitted when what it would say changes for that pod and GPU, not every cycle.
 
 Events are best effort and never slow a cycle: reports are observed on the
 event loop after the cycle, Events are posted by a daemon thread of their
@@ -30,7 +31,6 @@ from kit.errors import CapwatchError
 log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 1024
-COMPONENT = "capwatch"
 MAX_MESSAGE = 1024  # events.k8s.io's limit on a note; core/v1 accepts it too
 
 
@@ -65,8 +65,12 @@ class EventSink(Protocol):
         """Create the Event; raises EventSinkError."""
 
 
-def event_body(event: PodEvent, *, node_name: str, wall: float) -> dict[str, Any]:
-    """The core/v1 Event object for ``event``, as the API server takes it."""
+def event_body(
+    event: PodEvent, *, node_name: str, wall: float, release: str = "capwatch"
+) -> dict[str, Any]:
+    """The core/v1 Event object for ``event``, as the API server takes it; its component is
+    the release's agent (``RELEASE-agent``), so two releases' Events tell apart."""
+    component = f"{release}-agent"
     now = datetime.fromtimestamp(wall, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     pod = event.pod
     return {
@@ -83,8 +87,8 @@ def event_body(event: PodEvent, *, node_name: str, wall: float) -> dict[str, Any
         "type": event.type.value,
         "reason": event.reason,
         "message": event.message[:MAX_MESSAGE],
-        "source": {"component": COMPONENT, "host": node_name},
-        "reportingComponent": COMPONENT,
+        "source": {"component": component, "host": node_name},
+        "reportingComponent": component,
         "reportingInstance": node_name,
         "firstTimestamp": now,
         "lastTimestamp": now,
@@ -111,7 +115,13 @@ def events_for(result: GpuResult, *, annotation_key: str) -> list[PodEvent]:
     if not owners or result.outcome in (Outcome.IDLE, Outcome.RELEASED):
         return []
     gpu = f"GPU {result.index} ({result.uuid or 'unknown UUID'})"
-    if result.outcome is Outcome.FAILED:
+    if result.outcome is Outcome.OBSERVED:  # observe mode: what would have been written
+        kind, reason = EventType.NORMAL, "PowerCapObserved"
+        message = f"{gpu} {result.message}, nothing was written"
+    elif result.outcome is Outcome.LEFT:  # unclaimed policy leave: nobody asked
+        kind, reason = EventType.NORMAL, "PowerCapNotSet"
+        message = f"{gpu} {result.message}"
+    elif result.outcome is Outcome.FAILED:
         kind, reason = EventType.WARNING, "PowerCapFailed"
         message = f"{gpu}: {result.message}; the agent retries every cycle"
     elif result.clamp is not ClampDirection.NONE:

@@ -13,8 +13,9 @@ obtained. Each failure class below fails it, none is silently absorbed:
 * an unexpected exception (per GPU it fails that GPU, the fold goes on).
 
 Idle GPUs (no compute processes) are never written and count neither way,
-unless this agent capped them earlier: then they are released. The per-GPU
-fold never short-circuits. A shutdown request short-circuits the cycle and
+unless this agent capped them earlier: then they are released; one GPU's step,
+the unclaimed policy and observe mode included, is :mod:`agent.stepping`'s.
+The per-GPU fold never short-circuits. A shutdown request short-circuits the cycle and
 returns the fold so far: a clean prefix stays enforced, an earlier failure
 stays a failure.
 
@@ -30,20 +31,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from agent.attribution import Attributor
-from agent.capping import NO_BOUNDS, CapBounds, resolve_cap
 from agent.dra.claims import ClaimsSnapshot, ClaimView, NoClaims
 from agent.folding import CycleBuilder
 from agent.forgetting import ForgetRequests
-from agent.gpus import GpuBackend, GpuError, WriteOutcome
+from agent.gpus import GpuBackend, GpuError
 from agent.health.faults import FaultTracker
 from agent.health.telemetry import NO_READINGS
 from agent.ownership import UNSAVED_CYCLES_LIMIT, OwnershipStore
-from agent.pods import PodInfo, PodRef, PodSnapshot, PodView
+from agent.pods import PodSnapshot, PodView
 from agent.reports import (
     AbortReason,
     CycleFailureKind,
@@ -52,7 +52,7 @@ from agent.reports import (
     Outcome,
     Reason,
 )
-from agent.results import WRITE_REASON, cap_message, failed_step, write_message, written_watts
+from agent.stepping import GpuStep, InFlightWrite, Policy
 from kit.clock import Clock
 from kit.errors import PodViewError
 
@@ -65,22 +65,6 @@ class CycleListener(Protocol):
     def begin_cycle(self, sequence: int) -> None: ...
 
     def interrupt(self) -> None: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class InFlightWrite:
-    """A power-limit write the cycle started and has not seen return."""
-
-    index: int
-    uuid: str
-    milliwatts: int | None  # None: restoring the default
-
-
-@dataclass(frozen=True, kw_only=True)
-class Policy:
-    annotation_key: str
-    safe_default_watts: int
-    bounds: CapBounds = NO_BOUNDS
 
 
 class Reconciler:
@@ -105,21 +89,20 @@ class Reconciler:
         self._backend = backend
         self._pods = pods
         self._claims: ClaimView = claims or NoClaims()
-        self._attributor = attributor
         self._store = store
         self._clock = clock
         self._policy = policy
         self._device_count = initial_device_count
-        # After an unreadable ownership record we cannot know what a previous
-        # agent capped: restore the default on every idle GPU until one pass
-        # over all of them succeeds.
-        self._release_unowned_idle = release_unowned_idle
+        self._steps = GpuStep(
+            backend=backend,
+            store=store,
+            attributor=attributor,
+            policy=policy,
+            release_unowned_idle=release_unowned_idle,
+        )
         self._listeners = tuple(listeners)
         self._forget = forget  # operators' requests to forget vanished GPUs
         self._faults = faults or FaultTracker(wall=clock.wall, monotonic=clock.monotonic)
-        # Set by the cycle thread around each write, read by the shutdown sweep
-        # (one reference assignment: no lock needed).
-        self._in_flight: InFlightWrite | None = None
         self._sequence = 0
         self._shutdown = threading.Event()
         self._unsaved_cycles = 0  # cycles in a row that ended with the record not saved
@@ -127,7 +110,7 @@ class Reconciler:
     @property
     def in_flight_write(self) -> InFlightWrite | None:
         """The cycle's write that has not returned, if one is under way (a hung call)."""
-        return self._in_flight
+        return self._steps.in_flight
 
     @property
     def sequence(self) -> int:
@@ -147,7 +130,7 @@ class Reconciler:
     def reconcile_once(self) -> CycleReport:
         """Run one cycle and return its report. Raises only on programming errors."""
         sequence = self.next_sequence()
-        cycle = CycleBuilder(sequence=sequence, clock=self._clock)
+        cycle = CycleBuilder(sequence=sequence, clock=self._clock, observe=self._policy.observing)
         for listener in self._listeners:
             listener.begin_cycle(sequence)
         failures_before = self._store.flush_failures
@@ -226,7 +209,7 @@ class Reconciler:
                     )
                 )
         if all_idle_released:
-            self._release_unowned_idle = False
+            self._steps.release_unowned_idle = False
 
     def _save(self, cycle: CycleBuilder, failures_before: int) -> None:
         saved = self._store.flush()
@@ -247,7 +230,7 @@ class Reconciler:
         self, index: int, snapshot: PodSnapshot, claims: ClaimsSnapshot, seen: set[str]
     ) -> GpuResult:
         """The GPU's step, then the device's own health after it."""
-        result = self._step(index, snapshot, claims, seen)
+        result = self._steps.step(index, snapshot, claims, seen)
         # Read after the write: the enforced limit read back shows what took.
         readings = self._backend.readings(index) if result.uuid is not None else NO_READINGS
         faults = self._faults.observe(
@@ -272,163 +255,6 @@ class Reconciler:
             readings=readings,
             dra_device=claims.names.get(result.uuid, result.dra_device),
         )
-
-    def _step(
-        self, index: int, snapshot: PodSnapshot, claims: ClaimsSnapshot, seen: set[str]
-    ) -> GpuResult:
-        try:
-            uuid = self._backend.uuid(index)
-        except GpuError as exc:
-            return failed_step(index, None, Reason.UUID_READ_FAILED, exc, "UUID read failed")
-        seen.add(uuid)
-
-        try:
-            pids = self._backend.processes(index)
-        except GpuError as exc:
-            return failed_step(index, uuid, Reason.PROCESS_LIST_FAILED, exc, "process list failed")
-
-        owned = self._store.get(uuid)
-        # A claim's cap applies from its allocation, before any process runs.
-        claimed = claims.for_gpu(uuid)
-        owners, pods = self._owners(pids, snapshot) if pids else ((), [])
-        if not claimed:
-            # Fail closed: a claim of a pod on (or owning) this GPU cannot be read or
-            # resolved, so what it asks of this GPU is unknown. Leave the GPU as it is.
-            recorded = owned.owners if owned is not None else ()
-            held = claims.hold(pod.uid for pod in (*recorded, *owners))
-            if held is not None:
-                return GpuResult(
-                    index=index,
-                    uuid=uuid,
-                    outcome=Outcome.FAILED,
-                    reason=Reason.CLAIM_HELD,
-                    message=f"cap left as it is: {held.message()}",
-                    owners=tuple(sorted({*recorded, *owners})),
-                    process_count=len(pids),
-                )
-        if not pids and not claimed:
-            if owned is None and not self._release_unowned_idle:
-                return GpuResult(
-                    index=index, uuid=uuid, outcome=Outcome.IDLE, reason=Reason.IDLE, message="idle"
-                )
-            return self._release(index, uuid, owned.owners if owned else ())
-
-        if claimed:
-            owners = tuple(sorted({*owners, *(pod for cap in claimed for pod in cap.pods)}))
-        try:
-            constraints = self._backend.constraints(index)
-        except GpuError as exc:
-            return failed_step(
-                index,
-                uuid,
-                Reason.CONSTRAINTS_READ_FAILED,
-                exc,
-                "power constraints read failed",
-                owners=owners,
-                process_count=len(pids),
-            )
-        decision = resolve_cap(
-            pods,
-            annotation_key=self._policy.annotation_key,
-            safe_default_watts=self._policy.safe_default_watts,
-            constraints=constraints,
-            claims=claimed,
-            bounds=self._policy.bounds,
-        )
-        # Claimed before writing: a write that fails (a timeout, say), hangs, or
-        # is cut short by a shutdown may still take effect, and what the record
-        # holds is what a release and the shutdown sweep restore. Restoring a
-        # default that was never changed is harmless.
-        if self._store.claim(
-            uuid=uuid, index=index, owners=owners, target_milliwatts=decision.target_milliwatts
-        ):
-            # On disk before the write: a crash right after it must find the claim.
-            # A failed save does not stop the write (see _save).
-            self._store.flush()
-        self._in_flight = InFlightWrite(
-            index=index, uuid=uuid, milliwatts=decision.target_milliwatts
-        )
-        try:
-            written = self._backend.set_limit(
-                index, uuid=uuid, milliwatts=decision.target_milliwatts
-            )
-        finally:
-            self._in_flight = None
-        if written.outcome not in (WriteOutcome.OK, WriteOutcome.FAILED):
-            self._store.reinstate(uuid, owned)  # refused before writing: nothing changed
-        enforced = GpuResult(
-            index=index,
-            uuid=uuid,
-            outcome=Outcome.ENFORCED,
-            reason=Reason.OK,
-            message=cap_message(written_watts(written), decision),
-            owners=owners,
-            claims=decision.claims,
-            claim_problem=decision.problem,
-            requested_watts=decision.requested_watts,
-            resolved_watts=decision.resolved_watts,
-            applied_watts=written_watts(written),
-            cap_source=decision.source,
-            safe_default_cause=decision.safe_default_cause,
-            clamp=decision.clamp,
-            process_count=len(pids),
-        )
-        if written.ok:
-            return enforced
-        return replace(
-            enforced,
-            outcome=Outcome.FAILED,
-            reason=WRITE_REASON[written.outcome],
-            message=write_message("cap write", written),
-            error_class=written.error_class,
-            applied_watts=None,
-        )
-
-    def _release(
-        self, index: int, uuid: str, owners: tuple[PodRef, ...], *, sweep: bool = False
-    ) -> GpuResult:
-        if sweep:  # the shutdown sweep's own writes, on its own thread
-            written = self._backend.restore_default(index, uuid=uuid)
-        else:
-            self._in_flight = InFlightWrite(index=index, uuid=uuid, milliwatts=None)
-            try:
-                written = self._backend.restore_default(index, uuid=uuid)
-            finally:
-                self._in_flight = None
-        if written.ok:
-            self._store.release(uuid)
-            return GpuResult(
-                index=index,
-                uuid=uuid,
-                outcome=Outcome.RELEASED,
-                reason=Reason.RELEASED,
-                message=f"owner gone; default {written_watts(written)} W restored",
-                applied_watts=written_watts(written),
-                owners=owners,
-            )
-        deferred = written.outcome is not WriteOutcome.FAILED
-        return GpuResult(
-            index=index,
-            uuid=uuid,
-            outcome=Outcome.FAILED,
-            reason=Reason.RELEASE_DEFERRED if deferred else Reason.RELEASE_FAILED,
-            message=write_message("release", written),
-            error_class=written.error_class,
-            owners=owners,
-        )
-
-    def _owners(
-        self, pids: Iterable[int], snapshot: PodSnapshot
-    ) -> tuple[tuple[PodRef, ...], list[PodInfo]]:
-        pods: dict[str, PodInfo] = {}
-        for uid in self._attributor.pod_uids(pids).values():
-            if uid is None or uid in pods:
-                continue
-            # A pod the view does not know (yet) still owns the GPU; with no
-            # annotation to read, the policy gives it the safe default.
-            pods[uid] = snapshot.get(uid) or PodInfo(ref=PodRef(namespace="", name="", uid=uid))
-        infos = sorted(pods.values(), key=lambda p: p.ref)
-        return tuple(p.ref for p in infos), infos
 
     def restore_all(self) -> tuple[GpuResult, ...]:
         """Restore the default limit on every GPU this agent owns (at shutdown)."""
@@ -457,7 +283,7 @@ class Reconciler:
                 )
                 continue
             try:
-                results.append(self._release(found, uuid, record.owners, sweep=True))
+                results.append(self._steps.release(found, uuid, record.owners, sweep=True))
             except Exception as exc:  # the sweep visits every GPU whatever one does
                 log.exception("shutdown: restoring gpu=%d uuid=%s raised", found, uuid)
                 results.append(

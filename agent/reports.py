@@ -27,6 +27,10 @@ class Outcome(str, Enum):
     IDLE = "idle"  # no compute processes: nothing written, nothing claimed
     RELEASED = "released"  # the owner left; the default limit was restored
     FAILED = "failed"  # a required action did not complete
+    # Observe mode (--mode observe): what the cycle would have written, nothing written.
+    OBSERVED = "observed"
+    # Nobody asks for a cap (--unclaimed-policy leave): the GPU's limit left as it is.
+    LEFT = "left"
 
 
 class Reason(str, Enum):
@@ -46,6 +50,10 @@ class Reason(str, Enum):
     INTERNAL_ERROR = "internal_error"
     # Neither written nor released: a claim of its pods cannot be read or resolved.
     CLAIM_HELD = "claim_held"
+    # Observe mode: the cap (or the release) the cycle would have written.
+    OBSERVED = "observed"
+    # No claim, no annotation on any of its pods: left as it is (--unclaimed-policy leave).
+    UNCLAIMED = "unclaimed"
 
 
 class CapSource(str, Enum):
@@ -121,6 +129,8 @@ class GpuResult:
     requested_watts: int | None = None
     resolved_watts: int | None = None
     applied_watts: int | None = None
+    # Observe mode: the limit the step would have written (a release: the default).
+    intended_watts: int | None = None
     cap_source: CapSource | None = None
     safe_default_cause: SafeDefaultCause | None = None
     clamp: ClampDirection = ClampDirection.NONE
@@ -171,6 +181,8 @@ class CycleReport:
     save_failures: int = 0
     # XID and ECC events drained this cycle, ignored XIDs included (metrics count them).
     events: tuple[DeviceEvent, ...] = ()
+    # Observe mode: nothing was written; the GPUs say what would have been.
+    observe: bool = False
 
     @property
     def duration_s(self) -> float:

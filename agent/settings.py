@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from agent.capping import DEFAULT_ANNOTATION_KEY, MAX_REQUEST_WATTS
+from agent.capping import DEFAULT_ANNOTATION_KEY, MAX_REQUEST_WATTS, Mode, UnclaimedPolicy
 from agent.dra.slices import DEFAULT_UUID_ATTRIBUTE
 from agent.health.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, XidPolicy, parse_xids
 from kit.errors import ConfigError
@@ -33,6 +33,7 @@ from kit.flags import (
     path,
     positive_float,
     read_options,
+    release_name,
 )
 from kit.names import is_dns_subdomain, node_name
 
@@ -62,6 +63,13 @@ class BackendKind(str, Enum):
 class AgentSettings:
     node_name: str | None  # None only with the sim backend: the scenario names the node
     gpu_backend: BackendKind
+    release: str  # the Helm release: its Events' component
+    mode: Mode  # observe: the whole loop, no NVML write
+    unclaimed_policy: UnclaimedPolicy  # a busy GPU nobody asks a cap for
+    # The agent's own pod (the downward API's POD_NAMESPACE and POD_NAME): whether the
+    # DaemonSet still runs here at shutdown decides the restore. None: not in a pod.
+    agent_pod_namespace: str | None
+    agent_pod_name: str | None
     scenario: Path | None  # sim only; None = the built-in scenario
     sim_limits_file: Path | None  # sim only; None = the simulated limits die with the process
     interval_s: float
@@ -150,6 +158,14 @@ def _namespace(flag: str, text: str) -> str | None:
     return text
 
 
+def _pod_name(flag: str, text: str) -> str | None:
+    if not text:
+        return None
+    if not is_dns_subdomain(text):
+        raise ConfigError(flag, f"not a valid pod name: {text!r}")
+    return text
+
+
 def _attribute_name(flag: str, text: str) -> str:
     """A device attribute's name: a C identifier, optionally qualified by a domain."""
     domain, _, name = text.rpartition("/")
@@ -192,6 +208,45 @@ _OPTIONS = (
         default="nvml",
         convert=enum_choice(BackendKind),
         help="nvml (real GPUs) or sim (scenario-driven simulator)",
+    ),
+    Option(
+        flag="--mode",
+        env="CAPWATCH_MODE",
+        default=Mode.ENFORCE.value,
+        convert=enum_choice(Mode),
+        help="enforce (write caps) or observe (the whole loop, streams, metrics and Events, "
+        "with no NVML write: each GPU's result says the limit it would have set)",
+    ),
+    Option(
+        flag="--release",
+        env="CAPWATCH_RELEASE",
+        default="capwatch",
+        convert=release_name,
+        help="the Helm release: the pods' Events come from component RELEASE-agent",
+    ),
+    Option(
+        flag="--unclaimed-policy",
+        env="CAPWATCH_UNCLAIMED_POLICY",
+        default=UnclaimedPolicy.SAFE_DEFAULT.value,
+        convert=enum_choice(UnclaimedPolicy),
+        help="a busy GPU no claim and no pod annotation asks a cap for: safeDefault caps it "
+        "at --safe-default-watts, leave keeps its current limit (reason unclaimed)",
+    ),
+    Option(
+        flag="--agent-pod-name",
+        env="POD_NAME",
+        default="",
+        convert=_pod_name,
+        help="this agent's own pod (the downward API's metadata.name): at shutdown the agent "
+        "restores default limits only if its DaemonSet no longer runs on the node; unset, "
+        "it always restores (docs/upgrades.md)",
+    ),
+    Option(
+        flag="--agent-pod-namespace",
+        env="POD_NAMESPACE",
+        default="",
+        convert=_namespace,
+        help="this agent's own pod's namespace (the downward API's metadata.namespace)",
     ),
     Option(
         flag="--scenario",
@@ -347,6 +402,11 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
     settings = AgentSettings(
         node_name=values["node_name"],
         gpu_backend=values["gpu_backend"],
+        release=values["release"],
+        mode=values["mode"],
+        unclaimed_policy=values["unclaimed_policy"],
+        agent_pod_namespace=values["agent_pod_namespace"],
+        agent_pod_name=values["agent_pod_name"],
         scenario=values["scenario"],
         sim_limits_file=values["sim_limits_file"],
         interval_s=values["interval"],
@@ -382,6 +442,10 @@ def _check_combination(settings: AgentSettings) -> None:
         raise ConfigError(
             "--cap-floor-watts", f"{floor} W is above --cap-ceiling-watts {ceiling} W"
         )
+    if (settings.agent_pod_name is None) != (settings.agent_pod_namespace is None):
+        given = "--agent-pod-name" if settings.agent_pod_name else "--agent-pod-namespace"
+        other = "--agent-pod-namespace" if settings.agent_pod_name else "--agent-pod-name"
+        raise ConfigError(given, f"needs {other} too (the downward API gives both)")
     if settings.gpu_backend is BackendKind.NVML:
         # A simulator's flag first: it says which backend was meant (nvml is the default).
         if settings.scenario is not None:

@@ -25,7 +25,11 @@ figure beside its target:
 Then the controller is restarted with a 60 s heartbeat and the steady figures are
 taken again, so both heartbeats are measured on the same cluster.
 
-    PYTHONPATH=. .venv/bin/python bench/kwok.py [--nodes 5000] [--json FILE]
+With ``--shards S`` the chart's controller has S shards and every replica runs (one
+per shard, each with its pod-bound token): each replica's CPU and RSS is reported, the
+floor is shard 0's streams.
+
+    PYTHONPATH=. .venv/bin/python bench/kwok.py [--nodes 5000] [--shards 1] [--json FILE]
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from bench.kwok_procs import (
     usage,
     watched,
 )
+from controller.sharding import shard_of
 from tests.chart.support import Helm, fetch_helm
 from tests.realkube.controlplane import build_kube
 from tests.realkube.kwok_cluster import KwokNodes, kwok_plane
@@ -102,10 +107,11 @@ def steady(cluster: Cluster, pids: dict[str, int], watch: Path, window_s: float)
 
 def print_steady(label: str, figures: dict[str, Any], nodes: int, heartbeat_s: float) -> None:
     cores, rss = figures["cores"], figures["rss_mib"]
-    line(f"controller CPU, steady ({label})", f"{cores['controller']:.3f} cores", "<= 0.25 core",
-         cores["controller"] <= 0.25)  # fmt: skip
-    line(f"controller RSS, steady ({label})", f"{rss['controller']:.0f} MiB", "<= 512 MiB",
-         rss["controller"] <= 512)  # fmt: skip
+    for name in sorted(n for n in cores if n.startswith("controller")):  # one per shard
+        line(f"{name} CPU, steady ({label})", f"{cores[name]:.3f} cores", "<= 0.25 core",
+             cores[name] <= 0.25)  # fmt: skip
+        line(f"{name} RSS, steady ({label})", f"{rss[name]:.0f} MiB", "<= 512 MiB",
+             rss[name] <= 512)  # fmt: skip
     for name in ("kube-apiserver", "etcd", "kwok"):
         line(f"{name} CPU / RSS ({label})", f"{cores[name]:.2f} cores / {rss[name]:.0f} MiB",
              "-", None)  # fmt: skip
@@ -122,7 +128,9 @@ def print_steady(label: str, figures: dict[str, Any], nodes: int, heartbeat_s: f
              f"{per_write * nodes / 2**20:.1f} MiB", "-", None)  # fmt: skip
 
 
-def setup(cluster: Cluster, helm: Helm, n: int) -> tuple[KwokNodes, dict[str, str], dict[str, int]]:
+def setup(
+    cluster: Cluster, helm: Helm, n: int, shards: int
+) -> tuple[KwokNodes, dict[str, str], dict[str, int]]:
     """The nodes, Ready; the chart installed; every agent pod Running: node -> pod IP."""
     plane = cluster.plane
     plane.create_namespace(NAMESPACE)
@@ -131,7 +139,7 @@ def setup(cluster: Cluster, helm: Helm, n: int) -> tuple[KwokNodes, dict[str, st
     created = time.monotonic() - began
     ready = wait(lambda: nodes.ready() == n, 900, "every node Ready")
     one_replica = ("--set", "controller.enabled=true", "--set", "controller.replicasPerShard=1")
-    cluster.install(helm, one_replica)
+    cluster.install(helm, (*one_replica, "--set", f"controller.shards={shards}"))
     running = time.monotonic()
     ips = nodes.wait_pods(NAMESPACE, AGENTS, timeout=1800)
     running = time.monotonic() - running
@@ -167,7 +175,7 @@ def detection(
 
 def measure(cluster: Cluster, helm: Helm, args: argparse.Namespace) -> dict[str, Any]:
     work, n = cluster.work, args.nodes
-    nodes, ips, setup_s = setup(cluster, helm, n)
+    nodes, ips, setup_s = setup(cluster, helm, n, args.shards)
     port = int(flag(_controller_args(cluster), "--agent-port"))
     transitions = cluster.pools(nodes.names, ips, port, args, work)
     pools_started = time.monotonic()
@@ -179,15 +187,21 @@ def measure(cluster: Cluster, helm: Helm, args: argparse.Namespace) -> dict[str,
     watch = work / "watch.jsonl"
     cluster.watcher(watch)
     wait(lambda: "watching" in (work / "watcher.log").read_text(), 120, "the Node watcher")
-    pid, metrics_port = cluster.controller(args.heartbeat)
-    took = wait(lambda: connected(metrics_port) >= n, 300, "every stream subscribed", poll=0.25)
+    # Every replica of a sharded controller, one per shard, each following its own nodes.
+    started = [cluster.controller(args.heartbeat, k) for k in range(args.shards)]
+    took = wait(
+        lambda: sum(connected(port) for _, port in started) >= n,
+        300,
+        "every stream subscribed",
+        poll=0.25,
+    )
 
     def all_true() -> bool:
         return sum(1 for r in watched(watch) if r.get("status") == "True") >= n
 
     wait(all_true, 600, "every node True")
     time.sleep(5)
-    pids = {**cluster.component_pids(), "controller": pid}
+    pids = {**cluster.component_pids(), **_replicas(started)}
     print("results", flush=True)
     line("all streams subscribed", f"{took:.1f} s", "<= 30 s", took <= 30)
     calm = steady(cluster, pids, watch, args.steady or args.heartbeat)
@@ -198,19 +212,27 @@ def measure(cluster: Cluster, helm: Helm, args: argparse.Namespace) -> dict[str,
     failing, down, up = detection(run, watch, n, args.fail_fraction)
     refused = status_patches(apiserver_metrics(cluster.plane)).get("403", 0.0)
     line("condition writes refused (403)", f"{refused:.0f}", "0", refused == 0)
-    floor_rss = _floor(cluster, nodes.names, ips, port)
+    # The floor of replica 0: the streams of shard 0's nodes.
+    ours = [name for name in nodes.names if shard_of(name, args.shards) == 0]
+    floor_rss = _floor(cluster, ours, ips, port)
     ratio = calm["rss_mib"]["controller"] / floor_rss
     line("floor: bare grpc.aio client, the same streams, RSS", f"{floor_rss:.0f} MiB", "-", None)
     line("controller RSS / floor", f"{ratio:.2f}x", "-", None)
-    os.kill(pid, signal.SIGTERM)
+    for pid, _ in started:
+        os.kill(pid, signal.SIGTERM)
     time.sleep(3)
-    pid60, metrics60 = cluster.controller(60.0)
-    wait(lambda: connected(metrics60) >= n, 300, "every stream subscribed (60 s heartbeat)")
+    again = [cluster.controller(60.0, k) for k in range(args.shards)]
+    wait(
+        lambda: sum(connected(port) for _, port in again) >= n,
+        300,
+        "every stream subscribed (60 s heartbeat)",
+    )
     time.sleep(65)  # a full heartbeat round first
-    fast = steady(cluster, {**pids, "controller": pid60}, watch, args.steady or 60.0)
+    fast = steady(cluster, {**pids, **_replicas(again)}, watch, args.steady or 60.0)
     print_steady("heartbeat 60 s", fast, n, 60.0)
     return {
         "nodes": n,
+        "shards": args.shards,
         "shape": "per_node",
         "setup_s": setup_s,
         "subscribed_s": round(took, 2),
@@ -224,6 +246,13 @@ def measure(cluster: Cluster, helm: Helm, args: argparse.Namespace) -> dict[str,
         "refused": refused,
         "floor_rss_mib": round(floor_rss, 1),
         "rss_over_floor": round(ratio, 2),
+    }
+
+
+def _replicas(started: list[tuple[int, int]]) -> dict[str, int]:
+    """The replicas' pids by name: ``controller`` (shard 0), ``controller-1``, ..."""
+    return {
+        ("controller" if k == 0 else f"controller-{k}"): pid for k, (pid, _) in enumerate(started)
     }
 
 
@@ -257,6 +286,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pools", type=int, default=4)
+    parser.add_argument(
+        "--shards", type=int, default=1, help="controller.shards: one replica of each runs"
+    )
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--interval", type=float, default=15.0)
     parser.add_argument("--heartbeat", type=float, default=300.0)

@@ -100,19 +100,19 @@ class Cluster:
             transitions.append(path)
         return transitions
 
-    def controller(self, heartbeat_s: float) -> tuple[int, int]:
-        """Replica 0 of the StatefulSet (its pod, a token bound to it), with the chart's
-        args; returns its pid and metrics port."""
+    def controller(self, heartbeat_s: float, replica: int = 0) -> tuple[int, int]:
+        """Replica ``replica`` of the StatefulSet (its pod, a token bound to it), with the
+        chart's args; returns its pid and metrics port."""
         statefulset = next(o for o in self.rendered if o["kind"] == "StatefulSet")
         (container,) = statefulset["spec"]["template"]["spec"]["containers"]
         pods = self.plane.request(
             "GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={CONTROLLERS}"
         )["items"]
-        pod = next(p for p in pods if p["metadata"]["name"].endswith("-0"))
+        pod = next(p for p in pods if p["metadata"]["name"].endswith(f"-{replica}"))
         bound = BoundPod(pod["metadata"]["name"], pod["metadata"]["uid"])
         token = self.plane.token(NAMESPACE, pod["spec"]["serviceAccountName"], pod=bound)
         config = self.plane.token_kubeconfig(
-            token, self.work / "controller.kubeconfig", namespace=NAMESPACE
+            token, self.work / f"controller-{replica}.kubeconfig", namespace=NAMESPACE
         )
         metrics = free_port()
         args = [
@@ -123,7 +123,8 @@ class Cluster:
             "--grpc-listen=127.0.0.1:0", f"--metrics-port={metrics}", "--probe-port=0",
             f"--condition-heartbeat={heartbeat_s:g}", "--log-format=text",
         ]  # fmt: skip
-        return self.start("controller", args, downward_env(container, pod)), metrics
+        name = "controller" if replica == 0 else f"controller-{replica}"
+        return self.start(name, args, downward_env(container, pod)), metrics
 
     def watcher(self, out: Path) -> int:
         pki = self.plane.pki

@@ -50,6 +50,8 @@ class ConditionStatus(str, Enum):
 
 class ConditionReason(str, Enum):
     CAPS_ENFORCED = "CapsEnforced"
+    # The agent runs in observe mode (agent.mode observe): its cycles succeed, it writes nothing.
+    CAPS_OBSERVED = "CapsObserved"
     POD_VIEW_UNSYNCED = "PodViewUnsynced"
     DEVICE_COUNT_FAILED = "DeviceCountFailed"
     GPU_IDENTITY_UNCONFIRMED = "GPUIdentityUnconfirmed"
@@ -106,7 +108,7 @@ class GpuSummary:
     index: int
     uuid: str
     healthy: bool | None  # None: unknown
-    outcome: str  # enforced, idle, released, failed
+    outcome: str  # enforced, idle, released, failed, observed, left
     reason: str  # the agent's stable code (ok, write_failed, ...)
     message: str
     applied_watts: int | None = None
@@ -132,6 +134,7 @@ class CycleSummary:
     # age the agent reported); and the agent's wall clock, for humans.
     finished_at: float
     finished_wall: float
+    observe: bool = False  # the agent writes nothing (observe mode)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,6 +192,15 @@ def condition_of(observation: NodeObservation, now: float) -> Condition:
         return _unknown(
             ConditionReason.CYCLE_STALE,
             f"the capwatch agent has completed no cycle within its staleness bound ({bound:g}s)",
+        )
+    if cycle.enforced and cycle.observe:
+        # The condition's question is whether caps are enforced: in observe mode they are not.
+        would = sum(1 for g in cycle.gpus if g.outcome == "observed")
+        return Condition(
+            status=ConditionStatus.FALSE,
+            reason=ConditionReason.CAPS_OBSERVED,
+            message=f"observe mode, nothing written; {would} of {len(cycle.gpus)} GPUs "
+            "would be capped or released",
         )
     if cycle.enforced:
         capped = sum(1 for g in cycle.gpus if g.outcome == "enforced")

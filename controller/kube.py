@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 
 EVENT_NAMESPACE = "default"  # where Node events live (the kubelet's choice too)
 TAINT_RULES = "/apis/resource.k8s.io/v1/devicetaintrules"
+NODES = "/api/v1/nodes"
+PAGE_SIZE = 500  # objects per page of a list
 COMPONENT = "capwatch-controller"
 SMP = "application/strategic-merge-patch+json"
 _TRANSIENT = (
@@ -159,12 +161,15 @@ class KubeApi:
         *,
         namespace: str,
         identity: str,
+        release: str = "capwatch",
         max_threads: int = 16,
         clock: Clock | None = None,
     ) -> None:
         self._client = client
         self._namespace = namespace
         self._identity = identity
+        # The release's own component: two releases' Events on one Node tell apart.
+        self._component = f"{release}-controller"
         self._clock: Clock = clock or SystemClock()
         self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="capwatch-kube")
         # Connections from now on check the sending thread's deadline at every send.
@@ -210,7 +215,26 @@ class KubeApi:
 
     async def list_nodes(self, *, label_selector: str, deadline_s: float) -> list[dict[str, Any]]:
         """Every node matching ``label_selector``, as raw JSON objects (paged)."""
-        return await self._list_all("/api/v1/nodes", label_selector, deadline_s)
+        return await self._list_all(NODES, label_selector, deadline_s)
+
+    async def list_page(
+        self, path: str, *, label_selector: str, token: str, deadline_s: float
+    ) -> tuple[list[dict[str, Any]], str]:
+        """One page (:data:`PAGE_SIZE` objects) of the list endpoint ``path``, from
+        ``token`` ("": the first page): its objects and the next page's token ("": none)."""
+        return await self._page(
+            path, label_selector, token, _deadline(self._clock, None, deadline_s)
+        )
+
+    async def _page(
+        self, path: str, label_selector: str, token: str, deadline: float
+    ) -> tuple[list[dict[str, Any]], str]:
+        query = {"labelSelector": label_selector, "limit": str(PAGE_SIZE)}
+        if token:
+            query["continue"] = token
+        page = await self._call("GET", path, query=query, deadline=deadline)
+        items = [i for i in page.get("items") or [] if isinstance(i, dict)]
+        return items, str((page.get("metadata") or {}).get("continue") or "")
 
     async def _list_all(
         self, path: str, label_selector: str, deadline_s: float
@@ -220,12 +244,8 @@ class KubeApi:
         token = ""
         at = _deadline(self._clock, None, deadline_s)
         while True:
-            query = {"labelSelector": label_selector, "limit": "500"}
-            if token:
-                query["continue"] = token
-            page = await self._call("GET", path, query=query, deadline=at)
-            items += [i for i in page.get("items") or [] if isinstance(i, dict)]
-            token = str((page.get("metadata") or {}).get("continue") or "")
+            page, token = await self._page(path, label_selector, token, at)
+            items += page
             if not token:
                 return items
 
@@ -254,8 +274,8 @@ class KubeApi:
             "reason": event.reason,
             "message": event.message,
             "type": event.type.value,
-            "source": {"component": COMPONENT},
-            "reportingComponent": "capwatch.io/controller",
+            "source": {"component": self._component},
+            "reportingComponent": f"capwatch.io/{self._component}",
             "reportingInstance": self._identity,
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,

@@ -20,6 +20,8 @@ _OUTCOME = {
     pb.OUTCOME_IDLE: "idle",
     pb.OUTCOME_RELEASED: "released",
     pb.OUTCOME_FAILED: "failed",
+    pb.OUTCOME_OBSERVED: "observed",
+    pb.OUTCOME_LEFT: "left",
 }
 _HEALTH = {pb.DEVICE_HEALTH_HEALTHY: True, pb.DEVICE_HEALTH_UNHEALTHY: False}
 _FAULT_KIND = {
@@ -86,6 +88,7 @@ def cycle_summary(
         abort_reason=_ABORT.get(cycle.abort_reason, ""),
         failure_kinds=tuple(f.kind for f in cycle.failures),
         failure_summary=cycle.failure_summary,
+        observe=cycle.observe,
         gpus=gpu_summaries(devices),
         finished_at=received_at - max(0.0, age_s or 0.0),
         finished_wall=cycle.finished.seconds + cycle.finished.nanos / 1e9,

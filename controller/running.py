@@ -258,7 +258,13 @@ def _kubernetes(
         None if settings.kubeconfig is None else str(settings.kubeconfig),
         identity=settings.identity,
     )
-    kube = KubeApi(client, namespace=settings.namespace, identity=settings.identity, clock=clock)
+    kube = KubeApi(
+        client,
+        namespace=settings.namespace,
+        identity=settings.identity,
+        release=settings.release,
+        clock=clock,
+    )
     closers.append(kube.close)
     pods = None
     if settings.targets is None:

@@ -35,6 +35,7 @@ from kit.flags import (
     optional_path,
     positive_float,
     read_options,
+    release_name,
 )
 from kit.tls import ca_flag, pair_flags
 
@@ -58,18 +59,28 @@ class AgentTls:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CleanupLimits:
+    """``capwatch controller cleanup``'s deadlines: one request's, and the whole run's."""
+
+    request_s: float
+    overall_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class ControllerSettings:
     namespace: str | None  # the release namespace (agents, Leases); None only with --dry-run
     targets: Mapping[str, str] | None  # --targets: static discovery; None: watch agent pods
     agent_selector: str
     agent_port: int
     gpu_node_selector: str
+    release: str  # the Helm release: its Leases, Events' component, DeviceTaintRules
     shards: int
     shard_index: int
     identity: str
     lease: LeaseConfig
     condition_heartbeat_s: float
     taints: TaintPolicy  # the DeviceTaintRules of faulted GPUs
+    cleanup: CleanupLimits  # ``controller cleanup`` only
     grpc_listen: str
     metrics_port: int | None  # None: no metrics endpoint
     probe_port: int | None  # None: no probe endpoint
@@ -81,7 +92,9 @@ class ControllerSettings:
 
     @property
     def lease_name(self) -> str:
-        return f"capwatch-controller-{self.shard_index}"
+        # The release's, and the shard count's: the pods of two counts (a change of
+        # --shards rolling out) never contend for one Lease (docs/upgrades.md).
+        return f"{self.release}-controller-{self.shard_index}-of-{self.shards}"
 
 
 def _selector(flag: str, text: str) -> str:
@@ -116,13 +129,6 @@ def _listen(flag: str, text: str) -> str:
 
 
 def _text(flag: str, text: str) -> str:
-    return text
-
-
-def _release(flag: str, text: str) -> str:
-    # A Helm release name: a DNS label, so that it can lead a rule's name and label it.
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?", text):
-        raise ConfigError(flag, f"not a release name (a DNS label of 53 at most): {text!r}")
     return text
 
 
@@ -229,12 +235,28 @@ _OPTIONS = (
         help="seconds between rewrites of an unchanged condition (lastHeartbeatTime)",
     ),
     Option(
+        flag="--cleanup-timeout",
+        env="CAPWATCH_CONTROLLER_CLEANUP_TIMEOUT",
+        default="240",
+        convert=positive_float,
+        help="controller cleanup: seconds for the whole run, retries included; what is "
+        "left then is named in the log",
+    ),
+    Option(
+        flag="--cleanup-request-timeout",
+        env="CAPWATCH_CONTROLLER_CLEANUP_REQUEST_TIMEOUT",
+        default="10",
+        convert=positive_float,
+        help="controller cleanup: seconds for each request (a page of the node list, one "
+        "node's patch) before it is tried again",
+    ),
+    Option(
         flag="--release",
         env="CAPWATCH_CONTROLLER_RELEASE",
         default="capwatch",
-        convert=_release,
-        help="the Helm release: labels (app.kubernetes.io/instance) and names the "
-        "DeviceTaintRules it writes, so two releases never touch each other's",
+        convert=release_name,
+        help="the Helm release: names the Leases, Events' component and DeviceTaintRules "
+        "the controller writes, so two releases never touch each other's",
     ),
     Option(
         flag="--device-taints",
@@ -366,6 +388,14 @@ def controller_settings(
                 "--device-taint-effect", f"{category} is given two effects: choose one"
             )
         effects[category] = effect
+    cleanup = CleanupLimits(
+        request_s=values["cleanup_request_timeout"], overall_s=values["cleanup_timeout"]
+    )
+    if cleanup.request_s > cleanup.overall_s:
+        raise ConfigError(
+            "--cleanup-request-timeout",
+            f"{cleanup.request_s:g}s is longer than --cleanup-timeout ({cleanup.overall_s:g}s)",
+        )
     taints = TaintPolicy(
         release=values["release"],
         enabled=values["device_taints"],
@@ -378,12 +408,14 @@ def controller_settings(
         agent_selector=values["agent_selector"],
         agent_port=values["agent_port"],
         gpu_node_selector=values["gpu_node_selector"],
+        release=values["release"],
         shards=shards,
         shard_index=index,
         identity=values["identity"] or _identity(pod_name, values["pod_uid"]),
         lease=lease,
         condition_heartbeat_s=values["condition_heartbeat"],
         taints=taints,
+        cleanup=cleanup,
         grpc_listen=values["grpc_listen"],
         metrics_port=values["metrics_port"],
         probe_port=values["probe_port"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -100,14 +101,25 @@ def positive_float(flag: str, text: str) -> float:
 
 
 def enum_choice(kind: type[Enum]) -> Callable[[str, str], Any]:
+    """A value of ``kind``, its case ignored (``safeDefault``, ``safedefault``)."""
+    by_folded = {str(member.value).lower(): member for member in kind}
+
     def convert(flag: str, text: str) -> Any:
-        try:
-            return kind(text.lower())
-        except ValueError as exc:
+        member = by_folded.get(text.lower())
+        if member is None:
             choices = ", ".join(str(m.value) for m in kind)
-            raise ConfigError(flag, f"must be one of {choices}, got {text!r}") from exc
+            raise ConfigError(flag, f"must be one of {choices}, got {text!r}")
+        return member
 
     return convert
+
+
+def release_name(flag: str, text: str) -> str:
+    """A Helm release name: a DNS label of 53 at most, so that it can lead an object's
+    name and be a label's value."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?", text):
+        raise ConfigError(flag, f"not a release name (a DNS label of 53 at most): {text!r}")
+    return text
 
 
 def boolean(flag: str, text: str) -> bool:

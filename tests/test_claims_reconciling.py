@@ -16,7 +16,7 @@ from agent.gpus import GpuErrorClass
 from agent.health.faults import FaultKind
 from agent.ownership import OwnershipStore
 from agent.pods import PodInfo, PodRef
-from agent.reconciling import Policy, Reconciler
+from agent.reconciling import Reconciler
 from agent.reports import (
     AbortReason,
     CapSource,
@@ -27,6 +27,7 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
+from agent.stepping import Policy
 from kit.clock import FakeClock
 from tests.claims_objects import GPU, NODE, POD, capwatch, claim, power_cap, slice_of
 from tests.contract.rigs import DEFAULT_W, GPU_COUNT, UUIDS, Op, SimRig

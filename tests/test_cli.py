@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.capping import Mode, UnclaimedPolicy
 from agent.settings import add_agent_arguments, agent_settings
 from capwatch.cli import main
 
@@ -46,6 +47,22 @@ CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
             "--cap-floor-watts: 400 W is above --cap-ceiling-watts 300 W",
         ),
         (["--gpu-backend", "dcgm"], {}, "--gpu-backend: must be one of nvml, sim"),
+        (["--mode", "dry-run"], {}, "--mode: must be one of enforce, observe, got 'dry-run'"),
+        (
+            [],
+            {"CAPWATCH_UNCLAIMED_POLICY": "ignore"},
+            "--unclaimed-policy (from $CAPWATCH_UNCLAIMED_POLICY): must be one of safeDefault, "
+            "leave",
+        ),
+        (["--release", "GPU_Caps"], {}, "--release: not a release name"),
+        (
+            [],
+            {"CAPWATCH_RELEASE": "x" * 54},
+            "--release (from $CAPWATCH_RELEASE): not a release name (a DNS label of 53 at most)",
+        ),
+        (["--agent-pod-name", "Agent_1"], {}, "--agent-pod-name: not a valid pod name"),
+        ([], {"POD_NAME": "capwatch-x1"}, "--agent-pod-name: needs --agent-pod-namespace too"),
+        ([], {"POD_NAMESPACE": "capwatch"}, "--agent-pod-namespace: needs --agent-pod-name too"),
         (["--annotation-key", "bad key"], {}, "--annotation-key: not a valid annotation key"),
         (["--annotation-key", "Bad_Prefix/x"], {}, "--annotation-key: prefix of"),
         (["--node-name", "Node_1"], {}, "--node-name: not a valid Kubernetes node name"),
@@ -125,6 +142,33 @@ def test_cap_bounds_are_off_unless_set_by_flag_or_twin(tmp_path: Path):
     flagged = parser.parse_args([*base, "--cap-ceiling-watts", "500", "--cap-floor-watts", ""])
     both = agent_settings(flagged, env)
     assert (both.cap_floor_watts, both.cap_ceiling_watts) == (None, 500)
+
+
+def test_mode_unclaimed_policy_and_own_pod_defaults_and_twins(tmp_path: Path):
+    """enforce, safeDefault and release capwatch unless set, each with its twin and the
+    flag winning (case as the chart writes it or not); the agent's own pod from the
+    downward API's twins."""
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    base = ["--gpu-backend", "sim", "--state-dir", str(tmp_path / "state")]
+    plain = agent_settings(parser.parse_args(base), {})
+    assert (plain.mode, plain.unclaimed_policy) == (Mode.ENFORCE, UnclaimedPolicy.SAFE_DEFAULT)
+    assert (plain.agent_pod_namespace, plain.agent_pod_name) == (None, None)
+    assert plain.release == "capwatch"
+    env = {
+        "CAPWATCH_MODE": "observe",
+        "CAPWATCH_UNCLAIMED_POLICY": "LEAVE",
+        "POD_NAME": "capwatch-x1",
+        "POD_NAMESPACE": "capwatch",
+    }
+    twins = agent_settings(parser.parse_args(base), {**env, "CAPWATCH_RELEASE": "gpu-caps"})
+    assert (twins.mode, twins.unclaimed_policy) == (Mode.OBSERVE, UnclaimedPolicy.LEAVE)
+    assert twins.release == "gpu-caps"
+    assert (twins.agent_pod_namespace, twins.agent_pod_name) == ("capwatch", "capwatch-x1")
+    flagged = agent_settings(
+        parser.parse_args([*base, "--mode", "enforce", "--unclaimed-policy", "safeDefault"]), env
+    )
+    assert (flagged.mode, flagged.unclaimed_policy) == (Mode.ENFORCE, UnclaimedPolicy.SAFE_DEFAULT)
 
 
 def test_device_health_flags_default_to_the_device_plugins_xids_and_ten_minutes(tmp_path: Path):

@@ -68,6 +68,15 @@ CLAIMED = dataclasses.replace(
 )
 
 
+OBSERVED = dataclasses.replace(
+    ok(2),
+    outcome=Outcome.OBSERVED,
+    reason=Reason.OBSERVED,
+    applied_watts=None,
+    intended_watts=250,
+)
+
+
 def namer(index: int, uuid: str | None) -> str:
     return f"gpu-{index}"
 
@@ -79,6 +88,7 @@ def report(
     abort: AbortReason | None = None,
     failures: tuple[CycleFailure, ...] = (),
     interrupted: bool = False,
+    observe: bool = False,
 ) -> CycleReport:
     return CycleReport(
         sequence=seq,
@@ -90,6 +100,7 @@ def report(
         abort_reason=abort,
         failures=failures,
         interrupted=interrupted,
+        observe=observe,
     )
 
 
@@ -166,6 +177,7 @@ HUGE = GpuResult(
         pytest.param(report(9, HUGE), READY, {}, id="device-over-16-KiB"),
         pytest.param(report(4, FAULTED, idle(1)), READY, {}, id="faults-and-telemetry"),
         pytest.param(report(6, CLAIMED, FAULTED), READY, {}, id="claims-and-driver-names"),
+        pytest.param(report(8, OBSERVED, observe=True), READY, {}, id="observe-mode"),
     ],
 )
 def test_encoded_cycle_is_the_mapped_message_byte_for_byte(cycle, ready, table):
@@ -263,6 +275,7 @@ results = st.builds(
     requested_watts=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
     resolved_watts=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
     applied_watts=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+    intended_watts=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
     cap_source=st.one_of(st.none(), st.sampled_from(CapSource)),
     safe_default_cause=st.one_of(st.none(), st.sampled_from(SafeDefaultCause)),
     clamp=st.sampled_from(ClampDirection),
@@ -328,14 +341,17 @@ readiness = st.builds(
     ready=readiness,
     abort=st.one_of(st.none(), st.sampled_from(AbortReason)),
     interrupted=st.booleans(),
+    observe=st.booleans(),
     with_table=st.booleans(),
     age_s=st.floats(-1, 1e7, allow_nan=False),
 )
 def test_any_cycle_encodes_to_the_mapped_message(
-    gpus, sequence, wall, ready, abort, interrupted, with_table, age_s
+    gpus, sequence, wall, ready, abort, interrupted, observe, with_table, age_s
 ):
     """Whatever the cycle and readiness, the encoder and the reference mapper agree."""
-    cycle = report(sequence, *gpus, wall=wall, abort=abort, interrupted=interrupted)
+    cycle = report(
+        sequence, *gpus, wall=wall, abort=abort, interrupted=interrupted, observe=observe
+    )
     encoded, expected = both(cycle, devices={} if with_table else None, ready=ready, age_s=age_s)
     assert encoded == expected
 

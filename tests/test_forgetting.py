@@ -17,9 +17,10 @@ import pytest
 from agent.attribution import Attributor, FsProcRoot
 from agent.forgetting import DIRECTORY, ForgetRequests
 from agent.ownership import FILE_NAME, FORMAT_VERSION, OwnershipStore
-from agent.reconciling import Policy, Reconciler
+from agent.reconciling import Reconciler
 from agent.reports import Reason
 from agent.sim.scenario import FaultOp, FaultSpec
+from agent.stepping import Policy
 from capwatch.cli import main
 from kit.clock import FakeClock
 from tests.contract.conftest import KEY, POD_A, PODS, SAFE_W

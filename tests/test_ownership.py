@@ -287,3 +287,43 @@ def test_consecutive_failures_reset_when_a_save_works(tmp_path: Path):
     state.unlink()
     assert store.flush()
     assert (store.flush_failures, store.consecutive_flush_failures) == (2, 0)
+
+
+GOLDEN = Path(__file__).parent / "data" / "ownership-v1.json"
+
+
+def test_the_record_format_is_pinned_across_upgrades_and_rollbacks(tmp_path: Path):
+    """An upgraded agent adopts the caps its predecessor recorded, and a rolled-back one
+    those its successor recorded: the record of format 1 as 0.1.0 wrote it loads, and
+    saving it again writes the same bytes (a change to the encoder fails here first)."""
+    (tmp_path / FILE_NAME).write_bytes(GOLDEN.read_bytes())
+    store = store_at(tmp_path)
+    assert store.load() is LoadStatus.LOADED
+    records = store.records()
+    assert {uuid: (r.index, r.target_milliwatts) for uuid, r in records.items()} == {
+        "GPU-0b5e0000-0000-4000-8000-000000000000": (0, 250_000),
+        "GPU-0b5e0000-0000-4000-8000-000000000003": (3, 300_000),
+    }
+    owners = records["GPU-0b5e0000-0000-4000-8000-000000000003"].owners
+    assert [p.name for p in owners] == ["a", "b"]
+    # Dirty it without changing it, so that a save writes the file anew.
+    store.reinstate("GPU-0b5e0000-0000-4000-8000-000000000000", None)
+    store.reinstate(
+        "GPU-0b5e0000-0000-4000-8000-000000000000",
+        records["GPU-0b5e0000-0000-4000-8000-000000000000"],
+    )
+    assert store.flush()
+    assert (tmp_path / FILE_NAME).read_bytes() == GOLDEN.read_bytes()
+
+
+def test_fields_a_later_version_adds_do_not_make_the_record_unreadable(tmp_path: Path):
+    """Rolling back past a version that added a field (same format number) keeps the
+    record: unknown keys are ignored, not a reason to start over."""
+    doc = json.loads(GOLDEN.read_text())
+    doc["written_by"] = "capwatch 0.2.0"
+    for entry in doc["gpus"].values():
+        entry["mode"] = "enforce"
+    (tmp_path / FILE_NAME).write_text(json.dumps(doc))
+    store = store_at(tmp_path)
+    assert store.load() is LoadStatus.LOADED
+    assert len(store.records()) == 2

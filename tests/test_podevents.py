@@ -141,6 +141,34 @@ def safe_default(cause: SafeDefaultCause) -> GpuResult:
             "PowerCapSafeDefault",
             "safe default 300 W: claim ml/train-gpu: watts '350' is not an integer",
         ),
+        (
+            dataclasses.replace(
+                CAPPED,
+                outcome=Outcome.OBSERVED,
+                reason=Reason.OBSERVED,
+                message="would be capped at 350 W (annotation); observe mode",
+                applied_watts=None,
+                intended_watts=350,
+            ),
+            EventType.NORMAL,
+            "PowerCapObserved",
+            "would be capped at 350 W (annotation); observe mode, nothing was written",
+        ),
+        (
+            dataclasses.replace(
+                CAPPED,
+                outcome=Outcome.LEFT,
+                reason=Reason.UNCLAIMED,
+                message=f"left as it is: no claim or {KEY} annotation asks a cap",
+                requested_watts=None,
+                resolved_watts=None,
+                applied_watts=None,
+                cap_source=None,
+            ),
+            EventType.NORMAL,
+            "PowerCapNotSet",
+            f"left as it is: no claim or {KEY} annotation asks a cap",
+        ),
     ],
     ids=[
         "annotation",
@@ -153,6 +181,8 @@ def safe_default(cause: SafeDefaultCause) -> GpuResult:
         "failed",
         "claim",
         "claim-invalid",
+        "observe-mode",
+        "unclaimed-left",
     ],
 )
 def test_what_each_owner_pod_is_told(
@@ -195,7 +225,7 @@ def test_event_body_is_a_core_v1_event_on_the_pod() -> None:
     assert body["metadata"] == {"generateName": "trainer.", "namespace": "ml"}
     assert (body["type"], body["reason"]) == ("Warning", "PowerCapClamped")
     assert len(body["message"]) == 1024
-    assert body["source"] == {"component": "capwatch", "host": "gpu-node-1"}
+    assert body["source"] == {"component": "capwatch-agent", "host": "gpu-node-1"}
     assert body["firstTimestamp"] == body["lastTimestamp"] == "2025-06-15T15:06:40Z"
     assert body["count"] == 1
 

@@ -11,13 +11,16 @@ from pathlib import Path
 import pytest
 
 from agent.attribution import Attributor, FsProcRoot
+from agent.capping import Mode
+from agent.departure import DepartureCheck
 from agent.hub import Hub
 from agent.lifecycle import Agent
 from agent.nudge import MIN_GAP_S, SETTLE_S, Nudge
 from agent.ownership import OwnershipStore
-from agent.reconciling import Policy, Reconciler
+from agent.reconciling import Reconciler
 from agent.running import AgentLoop, CycleThread
 from agent.sim.scenario import FaultOp, FaultSpec
+from agent.stepping import Policy
 from kit.clock import Clock, SystemClock
 from kit.readiness import ReadinessReason
 from tests.contract.conftest import KEY, POD_A, PODS
@@ -37,6 +40,8 @@ def build(
     on_report=None,
     clock: Clock | None = None,
     nudge: Nudge | None = None,
+    departure: DepartureCheck | None = None,
+    mode: Mode = Mode.ENFORCE,
 ):
     rig = SimRig(tmp_path / "proc")
     pods = StaticPodView(PODS)
@@ -47,7 +52,7 @@ def build(
         attributor=Attributor(FsProcRoot(tmp_path / "proc")),
         store=OwnershipStore(tmp_path / "state", clock=clock),
         clock=clock,
-        policy=Policy(annotation_key=KEY, safe_default_watts=250),
+        policy=Policy(annotation_key=KEY, safe_default_watts=250, mode=mode),
         initial_device_count=3,
         listeners=rig.listeners,
     )
@@ -72,6 +77,8 @@ def build(
         loop=loop,
         cycle_thread=thread,
         shutdown_grace_s=grace,
+        departure=departure,
+        observing=mode is Mode.OBSERVE,
     )
     return rig, pods, hub, agent
 

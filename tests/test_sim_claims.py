@@ -18,13 +18,14 @@ from agent.capping import DEFAULT_ANNOTATION_KEY
 from agent.dra.claims import API_VERSION, DRIVER, KIND, ClaimRef
 from agent.dra.slices import DeviceName
 from agent.ownership import OwnershipStore
-from agent.reconciling import Policy, Reconciler
+from agent.reconciling import Reconciler
 from agent.reports import CapSource, CycleFailureKind, CycleReport, Outcome, SafeDefaultCause
 from agent.settings import add_agent_arguments, agent_settings
 from agent.sim.claims import SimClaimView, claim_objects, slice_objects
 from agent.sim.scenario import Scenario, parse_scenario
 from agent.sim.views import SimGpuBackend, SimPodView
 from agent.sim.world import SimWorld
+from agent.stepping import Policy
 from kit.clock import FakeClock
 from kit.errors import PodViewError
 

@@ -15,12 +15,13 @@ from agent.gpus import GpuErrorClass
 from agent.health.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, FaultKind
 from agent.health.telemetry import DeviceEventKind, ThrottleReason
 from agent.ownership import OwnershipStore
-from agent.reconciling import Policy, Reconciler
+from agent.reconciling import Reconciler
 from agent.reports import CycleReport, GpuResult, Outcome, Reason
 from agent.sim.devices import READS
 from agent.sim.scenario import Scenario, default_scenario, parse_scenario
 from agent.sim.views import SimGpuBackend, SimPodView
 from agent.sim.world import SimWorld
+from agent.stepping import Policy
 from kit.clock import FakeClock
 
 UID_A = "11111111-2222-4333-8444-555555555555"

@@ -16,7 +16,7 @@ from agent.capping import DEFAULT_ANNOTATION_KEY
 from agent.gpus import GpuBackend, GpuError, GpuErrorClass, WriteOutcome, WriteResult
 from agent.ownership import OwnershipStore
 from agent.pods import PodView
-from agent.reconciling import Policy, Reconciler
+from agent.reconciling import Reconciler
 from agent.reports import CapSource, Outcome
 from agent.sim.claims import SimClaimView
 from agent.sim.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text
@@ -24,6 +24,7 @@ from agent.sim.scenario import FaultOp, FaultSpec, PodSpec, Scenario, parse_scen
 from agent.sim.scenario import default_scenario as builtin_scenario
 from agent.sim.views import SimGpuBackend, SimPodView
 from agent.sim.world import SimWorld, SimWrite, WriteKind
+from agent.stepping import Policy
 from kit.clock import FakeClock
 from kit.errors import PodViewError, ScenarioError
 

@@ -109,15 +109,19 @@ class KubernetesEventSink:
         api_client: kubernetes.client.ApiClient,
         node_name: str,
         clock: Clock,
+        release: str = "capwatch",
         request_timeout: float = 10.0,
     ) -> None:
         self._api = kubernetes.client.CoreV1Api(api_client)
         self._node = node_name
+        self._release = release
         self._clock = clock
         self._timeout = request_timeout
 
     def post(self, event: PodEvent) -> None:
-        body = event_body(event, node_name=self._node, wall=self._clock.wall())
+        body = event_body(
+            event, node_name=self._node, wall=self._clock.wall(), release=self._release
+        )
         try:
             # A plain dict body is serialized as is; the raw response is not parsed.
             response = cast(

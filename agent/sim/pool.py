@@ -29,12 +29,13 @@ from agent.devices import inventory
 from agent.gpus import GpuErrorClass
 from agent.hub import Hub
 from agent.ownership import OwnershipStore
-from agent.reconciling import Policy, Reconciler
+from agent.reconciling import Reconciler
 from agent.reports import CycleReport
 from agent.sim.poolspec import PoolFault, PoolFaultKind, node_names, node_scenario
 from agent.sim.scenario import FaultOp, FaultSpec
 from agent.sim.views import SimGpuBackend, SimPodView
 from agent.sim.world import SimWorld
+from agent.stepping import Policy
 from kit.clock import Clock
 from kit.readiness import stale_after
 

@@ -65,7 +65,14 @@ DRA_COLUMNS = (
 # The kubelet's HealthStatus numbers, the same in v1alpha1 and v1.
 _DRA_HEALTH = {0: "unknown", 1: "healthy", 2: "unhealthy"}
 _HEALTH_STYLE = {"healthy": GOOD, "unhealthy": FAILED, "unknown": "yellow"}
-_OUTCOME_STYLE = {"enforced": GOOD, "failed": FAILED, "idle": QUIET, "released": "cyan"}
+_OUTCOME_STYLE = {
+    "enforced": GOOD,
+    "failed": FAILED,
+    "idle": QUIET,
+    "released": "cyan",
+    "observed": "cyan",
+    "left": QUIET,
+}
 
 
 # --- capwatch.v1 --------------------------------------------------------------------
@@ -159,6 +166,9 @@ def gpu_cells(device: pb.DeviceStatus) -> tuple[str, ...]:
     applied = "-"
     if device.HasField("applied_watts"):
         applied = f"{device.applied_watts} W"
+        applied += _CLAMP_MARKS.get(device.clamp_direction, "")
+    elif device.HasField("intended_watts"):  # observe mode: what it would write
+        applied = f"({device.intended_watts} W)"
         applied += _CLAMP_MARKS.get(device.clamp_direction, "")
     source = _enum(pb.CapSource, device.cap_source, "CAP_SOURCE_")
     if device.safe_default_cause != pb.SAFE_DEFAULT_CAUSE_UNSPECIFIED:

@@ -31,6 +31,8 @@ OUTCOME = {
     "idle": pb.OUTCOME_IDLE,
     "released": pb.OUTCOME_RELEASED,
     "failed": pb.OUTCOME_FAILED,
+    "observed": pb.OUTCOME_OBSERVED,
+    "left": pb.OUTCOME_LEFT,
 }
 HEALTH = {
     True: pb.DEVICE_HEALTH_HEALTHY,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from controller.conditions import Condition, ConditionStatus, NodeCondition
+from controller.conditions import Condition, ConditionReason, ConditionStatus, NodeCondition
 from controller.errors import ApiError, DeadlinePassed, FencedOut
 from controller.leasing import Fence
 from kit.clock import Clock
@@ -85,9 +85,13 @@ class EventRecorder:
         self, node: str, condition: Condition, *, previous: NodeCondition | None
     ) -> None:
         """The condition just written for ``node`` differs from ``previous`` (None: unknown)."""
-        if previous is None and condition.status is ConditionStatus.TRUE:
+        # Observe mode is False (nothing is enforced) by the operator's choice: not a warning.
+        quiet = condition.status is ConditionStatus.TRUE or (
+            condition.reason is ConditionReason.CAPS_OBSERVED
+        )
+        if previous is None and quiet:
             return
-        kind = EventType.NORMAL if condition.status is ConditionStatus.TRUE else EventType.WARNING
+        kind = EventType.NORMAL if quiet else EventType.WARNING
         await self.post(node, kind, condition.reason.value, condition.message)
 
     async def post(self, node: str, kind: EventType, reason: str, message: str) -> None:

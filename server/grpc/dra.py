@@ -40,6 +40,8 @@ _HEALTHY_TEXT = {
     Outcome.ENFORCED: "capwatch: power cap enforced",
     Outcome.IDLE: "capwatch: idle, no power cap required",
     Outcome.RELEASED: "capwatch: idle, default power limit restored",
+    Outcome.OBSERVED: "capwatch: observe mode, no power cap written",
+    Outcome.LEFT: "capwatch: no power cap asked, limit left as it is",
 }
 
 

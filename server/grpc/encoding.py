@@ -104,6 +104,7 @@ _CYCLE_DEVICES = tag(pb.CycleReport.DEVICES_FIELD_NUMBER, _LEN)
 _CYCLE_READINESS = tag(pb.CycleReport.READINESS_FIELD_NUMBER, _LEN)
 _CYCLE_INTERRUPTED = tag(pb.CycleReport.INTERRUPTED_FIELD_NUMBER, _VARINT)
 _CYCLE_FAILURE_SUMMARY = tag(pb.CycleReport.FAILURE_SUMMARY_FIELD_NUMBER, _LEN)
+_CYCLE_OBSERVE = tag(pb.CycleReport.OBSERVE_FIELD_NUMBER, _VARINT)
 _DEVICE_LAST_UPDATE = tag(pb.DeviceStatus.LAST_UPDATE_TIME_FIELD_NUMBER, _LEN)
 _DEVICE_PROCESS_COUNT = tag(pb.DeviceStatus.PROCESS_COUNT_FIELD_NUMBER, _VARINT)
 _DEVICE_SEQUENCE = tag(pb.DeviceStatus.SEQUENCE_FIELD_NUMBER, _VARINT)
@@ -211,8 +212,10 @@ def encode_cycle(
         head = device.heads.get(extra) or device.head(extra)
         parts += (head, updated, device.process_count, sequence, device.trailer)
     summary = report.failure_summary.encode()
-    tail = unsigned(_CYCLE_INTERRUPTED, report.interrupted) + (
-        length_delimited(_CYCLE_FAILURE_SUMMARY, summary) if summary else b""
+    tail = (
+        unsigned(_CYCLE_INTERRUPTED, report.interrupted)
+        + (length_delimited(_CYCLE_FAILURE_SUMMARY, summary) if summary else b"")
+        + unsigned(_CYCLE_OBSERVE, report.observe)
     )
     return EncodedCycle(head=b"".join(parts), tail=tail)
 
@@ -249,7 +252,7 @@ def _settled_bytes(
     name = dra_device_name(result, result.index, result.uuid, namer)
     message.CopyFrom(settled(result, name, health, last_transition_wall))
     message.ClearField("process_count")
-    # Fields 20 to 24 alone serialize to exactly their bytes in the whole message.
+    # Fields 20 to 25 alone serialize to exactly their bytes in the whole message.
     trailer = pb.DeviceStatus(
         faults=message.faults,
         claims=message.claims,
@@ -258,7 +261,16 @@ def _settled_bytes(
     )
     if message.HasField("telemetry"):
         trailer.telemetry.CopyFrom(message.telemetry)
-    for later in ("faults", "telemetry", "claims", "dra_pool_name", "dra_driver_name"):
+    if message.HasField("intended_watts"):
+        trailer.intended_watts = message.intended_watts
+    for later in (
+        "faults",
+        "telemetry",
+        "claims",
+        "dra_pool_name",
+        "dra_driver_name",
+        "intended_watts",
+    ):
         message.ClearField(later)
     return _Settled(
         message.SerializeToString(),

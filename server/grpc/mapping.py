@@ -67,6 +67,8 @@ OUTCOME: Mapping[Outcome, pb.Outcome.ValueType] = {
     Outcome.IDLE: pb.OUTCOME_IDLE,
     Outcome.RELEASED: pb.OUTCOME_RELEASED,
     Outcome.FAILED: pb.OUTCOME_FAILED,
+    Outcome.OBSERVED: pb.OUTCOME_OBSERVED,
+    Outcome.LEFT: pb.OUTCOME_LEFT,
 }
 CAP_SOURCE: Mapping[CapSource | None, pb.CapSource.ValueType] = {
     None: pb.CAP_SOURCE_UNSPECIFIED,
@@ -180,6 +182,8 @@ def settled(
         message.resolved_watts = result.resolved_watts
     if result.applied_watts is not None:
         message.applied_watts = result.applied_watts
+    if result.intended_watts is not None:
+        message.intended_watts = result.intended_watts
     message.faults.extend(fault(f) for f in result.faults)
     if result.readings is not None:
         message.telemetry.CopyFrom(telemetry(result.readings))
@@ -336,6 +340,7 @@ def cycle(
         readiness=readiness(ready, last_cycle_age_s=age_s),
         interrupted=report.interrupted,
         failure_summary=report.failure_summary,
+        observe=report.observe,
     )
     for result, transition, health in cycle_devices(
         report, devices=devices, ready=ready, include=include

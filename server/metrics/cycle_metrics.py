@@ -16,9 +16,10 @@ Semantics a dashboard needs to know:
   (the series is always there: its absence means the agent is not scraped).
   Alert on it together with ``capwatch_ready``.
 - The per-GPU cap gauges are NaN while capwatch holds no cap on the GPU:
-  before its first cycle, and after an idle or released step (its default
-  limit is in force). A failed step keeps the last value: a failed write
-  changes nothing we know of.
+  before its first cycle, and after an idle, released or left step (its
+  default or its own limit is in force). In observe mode the resolved gauge
+  shows the cap capwatch would write and the applied one stays NaN. A failed
+  step keeps the last value: a failed write changes nothing we know of.
 - The cap gauges name the step's owner pod (``namespace``, ``pod``) when it
   has exactly one, else both are empty, and where the cap in force came from
   (``source``: annotation, agreed, claim, safe_default; empty while capwatch
@@ -78,7 +79,12 @@ log = logging.getLogger(__name__)
 
 # Cycles take milliseconds on a few GPUs and may take minutes when NVML hangs.
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-FAILURE_REASONS = tuple(r for r in Reason if r not in (Reason.OK, Reason.IDLE, Reason.RELEASED))
+# The reasons a step fails with (observed and unclaimed are not failures).
+FAILURE_REASONS = tuple(
+    r
+    for r in Reason
+    if r not in (Reason.OK, Reason.IDLE, Reason.RELEASED, Reason.OBSERVED, Reason.UNCLAIMED)
+)
 CLAMP_DIRECTIONS = tuple(d for d in ClampDirection if d is not ClampDirection.NONE)
 
 
@@ -132,7 +138,15 @@ def next_caps(previous: GpuCaps | None, result: GpuResult) -> GpuCaps:
             source=result.cap_source,
             claims=",".join(str(claim) for claim in result.claims),
         )
-    if result.outcome is not Outcome.FAILED:  # idle or released: no capwatch cap in force
+    if result.outcome is Outcome.OBSERVED:  # what it would write; nothing is in force
+        return GpuCaps(
+            uuid=uuid,
+            resolved_watts=result.resolved_watts,
+            owner=owner,
+            source=result.cap_source,
+            claims=",".join(str(claim) for claim in result.claims),
+        )
+    if result.outcome is not Outcome.FAILED:  # idle, released, left: no capwatch cap in force
         return GpuCaps(uuid=uuid)
     if previous is None or previous.uuid != uuid:  # another GPU at this index: nothing known
         return GpuCaps(uuid=uuid, resolved_watts=result.resolved_watts, owner=owner)

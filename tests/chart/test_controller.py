@@ -90,7 +90,7 @@ def test_every_ordinal_gets_its_shard_and_lease_from_pod_name(
         settings = _settings(_container(tls), pod, tmp_path)
         assert settings.shards == 2
         assert settings.shard_index == ordinal % 2
-        assert settings.lease_name == f"capwatch-controller-{ordinal % 2}"
+        assert settings.lease_name == f"{NAME}-{ordinal % 2}-of-2"
         assert settings.identity.startswith(f"{pod}_")
         by_shard.setdefault(settings.shard_index, []).append(pod)
     assert by_shard == {0: [f"{NAME}-0", f"{NAME}-2"], 1: [f"{NAME}-1", f"{NAME}-3"]}
@@ -276,7 +276,7 @@ def test_controller_runs_restricted(enabled: Manifests) -> None:
     assert spec["serviceAccountName"] == NAME
     assert _named(enabled, "ServiceAccount", NAME)["automountServiceAccountToken"] is False
     assert _container(enabled)["resources"] == {
-        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "requests": {"cpu": "150m", "memory": "512Mi"},
         "limits": {"memory": "1Gi"},
     }
     assert _container(enabled)["image"] == enabled.container("agent")["image"]

@@ -143,12 +143,62 @@ def test_api_token_is_mounted_into_the_agent_only(default: Manifests) -> None:
 
 
 def test_rolling_update_one_node_at_a_time(rendered: dict[str, Manifests]) -> None:
-    """Every variant rolls out with RollingUpdate and maxUnavailable 1."""
+    """Every variant rolls out with RollingUpdate, maxUnavailable 1 and no surge."""
     for manifests in rendered.values():
         assert manifests.one("DaemonSet")["spec"]["updateStrategy"] == {
             "type": "RollingUpdate",
-            "rollingUpdate": {"maxUnavailable": 1},
+            "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0},
         }
+
+
+@pytest.mark.parametrize("unavailable", ["3", "10%"])
+def test_update_strategy_passes_through(helm: Helm, unavailable: str) -> None:
+    """agent.updateStrategy reaches the DaemonSet as given: a number or a percent."""
+    manifests = helm.render("--set-string" if "%" in unavailable else "--set",
+        f"agent.updateStrategy.rollingUpdate.maxUnavailable={unavailable}")  # fmt: skip
+    rolling = manifests.one("DaemonSet")["spec"]["updateStrategy"]["rollingUpdate"]
+    assert str(rolling["maxUnavailable"]) == unavailable
+    on_delete = helm.render("--set-json", 'agent.updateStrategy={"type": "OnDelete"}')
+    assert on_delete.one("DaemonSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "agent.updateStrategy.rollingUpdate.maxSurge=1",
+        "agent.updateStrategy.rollingUpdate.maxUnavailable=0",
+        "agent.updateStrategy.rollingUpdate.maxUnavailable=150%",
+        "agent.updateStrategy.type=Recreate",
+    ],
+)
+def test_update_strategies_that_break_a_node_are_refused(helm: Helm, setting: str) -> None:
+    """A surge (two agents writing one node's GPUs), no progress at all, a percent over
+    100 and a strategy DaemonSets do not have are refused at render time."""
+    flag = "--set-string" if "%" in setting else "--set"
+    done = helm.template(flag, setting)
+    assert done.returncode != 0
+    assert "updateStrategy" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "args"),
+    [
+        ((), ["--mode=enforce", "--unclaimed-policy=safeDefault"]),
+        (
+            ("--set", "agent.mode=observe", "--set", "agent.unclaimedPolicy=leave"),
+            ["--mode=observe", "--unclaimed-policy=leave"],
+        ),
+    ],
+)
+def test_mode_and_unclaimed_policy_reach_the_agent(
+    helm: Helm, values: tuple[str, ...], args: list[str]
+) -> None:
+    """agent.mode and agent.unclaimedPolicy become the agent's flags; anything else is
+    refused by the schema."""
+    container = helm.render(*values).container("agent")
+    assert set(args) <= set(container["args"])
+    for bad in ("agent.mode=dryrun", "agent.unclaimedPolicy=ignore"):
+        assert helm.template("--set", bad).returncode != 0
 
 
 def test_grace_period_defaults_to_60(default: Manifests) -> None:

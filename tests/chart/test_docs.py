@@ -43,12 +43,17 @@ def test_template_and_values_comments_cite_documents_that_exist():
 
 
 def test_values_table_says_what_rbac_grants(default: Manifests):
-    """The README's rbac.create row names every resource and verb the rendered role grants
-    (Events included), so it cannot say pods-only while Events are granted."""
+    """The README's rbac.create row names every resource and verb the agent's rendered
+    roles grant (Events and the shutdown reads included), so it cannot say pods-only
+    while Events are granted."""
     row = next(
         line for line in README.read_text().splitlines() if line.startswith("| `rbac.create`")
     )
-    rules = default.one("ClusterRole")["rules"]
+    rules = [
+        rule
+        for role in default.of_kind("ClusterRole") + default.of_kind("Role")
+        for rule in role["rules"]
+    ]
     for rule in rules:
         for resource in rule["resources"]:
             assert f"`{resource}`" in row or resource in row, f"row omits {resource}: {row}"

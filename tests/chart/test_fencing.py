@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.chart.controller_support import NAME, _container, _settings, pod_uid
-from tests.chart.support import NAMESPACE, Helm, Manifests
+from tests.chart.support import NAMESPACE, RELEASE, Helm, Manifests
 
 POLICY = "ValidatingAdmissionPolicy"
 BINDING = "ValidatingAdmissionPolicyBinding"
@@ -48,7 +48,7 @@ def test_one_policy_and_binding_per_shard_plus_the_identity_check(helm: Helm, sh
         binding = bindings[f"{NAME}-fencing-{shard}"]["spec"]
         assert binding["policyName"] == f"{NAME}-fencing-{shard}"
         assert binding["validationActions"] == ["Deny"]
-        assert binding["paramRef"]["name"] == f"capwatch-controller-{shard}"
+        assert binding["paramRef"]["name"] == f"{RELEASE}-controller-{shard}-of-{shards}"
         assert binding["paramRef"]["namespace"] == NAMESPACE
         policy = policies[f"{NAME}-fencing-{shard}"]["spec"]
         assert policy["failurePolicy"] == "Fail"

@@ -3,6 +3,8 @@ NetworkPolicy, as rendered."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.chart.support import NAMESPACE, Helm, Manifests, ports
 
 POD_READ = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
@@ -14,21 +16,42 @@ SLICE_READ = {"apiGroups": DRA_GROUP, "resources": ["resourceslices"], "verbs": 
 RULES = [*POD_READ, EVENT_CREATE, CLAIM_READ, SLICE_READ]
 # A Role cannot grant cluster-scoped slices: the namespaced install has them apart.
 NAMESPACED_RULES = [*POD_READ, EVENT_CREATE, CLAIM_READ]
+# At shutdown (docs/upgrades.md): its own pod and DaemonSet, in the release namespace;
+# its node, cluster-scoped. Get only, each.
+SELF_READ = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]},
+]
+NODE_READ = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+
+
+def named(manifests: Manifests, kind: str, suffix: str = "") -> dict[str, Any]:
+    """The one object of ``kind`` named the chart's full name plus ``suffix``."""
+    (found,) = [o for o in manifests.of_kind(kind) if o["metadata"]["name"] == f"capwatch{suffix}"]
+    return found
 
 
 def test_default_objects(default: Manifests) -> None:
-    """Defaults render a ServiceAccount, ClusterRole(+Binding), Service and DaemonSet, no more."""
+    """Defaults render a ServiceAccount, the agent's ClusterRole, its node's ClusterRole
+    and its own Role (each with a binding), a Service and a DaemonSet, no more."""
     assert default.kinds() == sorted(
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "DaemonSet"]
+        [
+            "ServiceAccount",
+            *["ClusterRole", "ClusterRoleBinding"] * 2,
+            "Role",
+            "RoleBinding",
+            "Service",
+            "DaemonSet",
+        ]
     )
 
 
 def test_cluster_role_reads_pods_and_claims_and_creates_events_only(default: Manifests) -> None:
     """The ClusterRole grants exactly list/watch on core pods and resource.k8s.io slices,
     get on claims, and create on core events, bound to the chart's account."""
-    role = default.one("ClusterRole")
+    role = named(default, "ClusterRole")
     assert role["rules"] == RULES
-    binding = default.one("ClusterRoleBinding")
+    binding = named(default, "ClusterRoleBinding")
     account = default.one("ServiceAccount")["metadata"]["name"]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -46,11 +69,11 @@ def test_namespaced_rbac_is_a_role_with_the_same_rules(rendered: dict[str, Manif
     rules but the slices, which only a ClusterRole of their own (list/watch of
     resourceslices, nothing else) can grant."""
     manifests = rendered["namespaced-monitored"]
-    (slices,) = manifests.of_kind("ClusterRole")
+    slices = named(manifests, "ClusterRole", "-slices")
     assert slices["rules"] == [SLICE_READ]
-    (slices_binding,) = manifests.of_kind("ClusterRoleBinding")
+    slices_binding = named(manifests, "ClusterRoleBinding", "-slices")
     assert slices_binding["roleRef"]["name"] == slices["metadata"]["name"]
-    role, binding = manifests.one("Role"), manifests.one("RoleBinding")
+    role, binding = named(manifests, "Role"), named(manifests, "RoleBinding")
     assert role["rules"] == NAMESPACED_RULES
     assert role["metadata"]["namespace"] == NAMESPACE
     assert binding["metadata"]["namespace"] == NAMESPACE
@@ -73,17 +96,17 @@ def test_no_agent_rbac_object_grants_more_than_reads_and_event_creation(
     rendered: dict[str, Manifests],
 ) -> None:
     """Across every variant, the agent's roles grant together exactly list/watch of pods
-    and slices, get of claims and event create (the controller's roles are
-    test_controller's)."""
+    and slices, get of claims, event create, and get of its own pod, DaemonSet and node
+    (the controller's roles are test_controller's)."""
     for manifests in rendered.values():
         roles = [
             role
             for role in manifests.of_kind("Role") + manifests.of_kind("ClusterRole")
             if role["metadata"]["labels"]["app.kubernetes.io/component"] == "node-agent"
         ]
-        assert len(roles) in (1, 2)
+        assert len(roles) in (3, 4)
         granted = [rule for role in roles for rule in role["rules"]]
-        assert sorted(granted, key=str) == sorted(RULES, key=str)
+        assert sorted(granted, key=str) == sorted([*RULES, *SELF_READ, *NODE_READ], key=str)
 
 
 def test_claims_off_drops_the_claim_and_slice_rules_and_says_so_to_the_agent(
@@ -92,18 +115,44 @@ def test_claims_off_drops_the_claim_and_slice_rules_and_says_so_to_the_agent(
     """dra.claims false: no resource.k8s.io rule in either RBAC variant, no slices
     ClusterRole, and the agent is told not to read claims."""
     manifests = helm.render("--set", "dra.claims=false")
-    assert manifests.one("ClusterRole")["rules"] == [*POD_READ, EVENT_CREATE]
+    assert named(manifests, "ClusterRole")["rules"] == [*POD_READ, EVENT_CREATE]
     assert "--dra-claims=false" in manifests.container("agent")["args"]
     namespaced = helm.render("--set", "dra.claims=false", "--set", "rbac.namespaced=true")
-    assert not namespaced.of_kind("ClusterRole")
-    assert namespaced.one("Role")["rules"] == [*POD_READ, EVENT_CREATE]
+    assert [role["rules"] for role in namespaced.of_kind("ClusterRole")] == [NODE_READ]
+    assert named(namespaced, "Role")["rules"] == [*POD_READ, EVENT_CREATE]
 
 
 def test_pod_events_off_drops_the_event_rule_and_says_so_to_the_agent(helm: Helm) -> None:
     """agent.podEvents false: pod reads only, and the agent is told not to post Events."""
     manifests = helm.render("--set", "agent.podEvents=false")
-    assert manifests.one("ClusterRole")["rules"] == [*POD_READ, CLAIM_READ, SLICE_READ]
+    assert named(manifests, "ClusterRole")["rules"] == [*POD_READ, CLAIM_READ, SLICE_READ]
     assert "--pod-events=false" in manifests.container("agent")["args"]
+
+
+def test_the_agent_reads_its_own_pod_daemonset_and_node_at_shutdown(
+    rendered: dict[str, Manifests],
+) -> None:
+    """In every variant: a Role in the release namespace with get of pods and
+    daemonsets, and a ClusterRole with get of nodes, both bound to the agent's account;
+    the agent is given its pod's name and namespace by the downward API."""
+    for manifests in rendered.values():
+        account = manifests.pod_spec["serviceAccountName"]
+        role = named(manifests, "Role", "-self")
+        assert role["rules"] == SELF_READ
+        assert role["metadata"]["namespace"] == NAMESPACE
+        node = named(manifests, "ClusterRole", "-node")
+        assert node["rules"] == NODE_READ
+        for kind, target in (("RoleBinding", role), ("ClusterRoleBinding", node)):
+            binding = named(manifests, kind, target["metadata"]["name"].removeprefix("capwatch"))
+            assert binding["roleRef"]["name"] == target["metadata"]["name"]
+            assert binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+            ]
+        env = {e["name"]: e for e in manifests.container("agent")["env"]}
+        assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert env["POD_NAMESPACE"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.namespace"}
+        }
 
 
 def test_service_is_headless_over_every_agent(default: Manifests) -> None:

@@ -10,7 +10,8 @@ import pytest
 from agent.attribution import Attributor, FsProcRoot
 from agent.ownership import LoadStatus, OwnershipStore
 from agent.pods import PodInfo, PodRef
-from agent.reconciling import Policy, Reconciler
+from agent.reconciling import Reconciler
+from agent.stepping import Policy
 from kit.clock import FakeClock
 from tests.contract.rigs import GPU_COUNT, NvmlRig, Rig, SimRig
 from tests.fakes.pods import StaticPodView
@@ -69,6 +70,8 @@ def make_reconciler(
     store: OwnershipStore,
     clock: FakeClock,
     proc_root: Path,
+    *,
+    policy: Policy | None = None,
 ) -> Reconciler:
     status = store.load()
     return Reconciler(
@@ -77,7 +80,7 @@ def make_reconciler(
         attributor=Attributor(FsProcRoot(proc_root)),
         store=store,
         clock=clock,
-        policy=Policy(annotation_key=KEY, safe_default_watts=SAFE_W),
+        policy=policy or Policy(annotation_key=KEY, safe_default_watts=SAFE_W),
         initial_device_count=GPU_COUNT,
         release_unowned_idle=status is LoadStatus.UNREADABLE,
         listeners=rig.listeners,

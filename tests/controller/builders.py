@@ -48,9 +48,11 @@ def cycle(
     failure_summary: str = "",
     finished_at: float = 100.0,
     sequence: int = 1,
+    observe: bool = False,
 ) -> CycleSummary:
     return CycleSummary(
         sequence=sequence,
+        observe=observe,
         enforced=enforced,
         abort_reason=abort_reason,
         failure_kinds=tuple(failure_kinds),

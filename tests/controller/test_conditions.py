@@ -92,6 +92,22 @@ def test_enforced_message_counts_capped_gpus_only() -> None:
     assert condition.message == "power caps enforced; 2 of 3 GPUs capped"
 
 
+def test_observe_mode_is_false_caps_observed_and_says_what_would_be_written() -> None:
+    """An agent in observe mode enforces nothing: False, CapsObserved, with the count of
+    GPUs it would have written; a failing cycle in observe mode still reads its failure."""
+    observing = cycle(
+        observe=True,
+        gpus=[gpu(0, outcome="observed", reason="observed"), gpu(1, outcome="idle")],
+    )
+    condition = condition_of(observation(cycle=observing), NOW)
+    assert (condition.status, condition.reason) == (S.FALSE, R.CAPS_OBSERVED)
+    assert condition.message == (
+        "observe mode, nothing written; 1 of 2 GPUs would be capped or released"
+    )
+    failing = cycle(enforced=False, observe=True, gpus=FAILED.gpus)
+    assert condition_of(observation(cycle=failing), NOW).reason is R.CAP_WRITE_FAILED
+
+
 def test_unreachable_message_names_address_and_error() -> None:
     """AgentUnreachable says where the agent was and why its stream is down."""
     seen = observation(AgentLink.UNREACHABLE, link_error="connection refused")

@@ -104,6 +104,18 @@ async def test_a_node_first_seen_true_gets_no_event() -> None:
 
 
 @pytest.mark.asyncio
+async def test_observe_mode_is_normal_and_quiet_when_first_seen() -> None:
+    """CapsObserved is False by the operator's choice: a node first seen observing gets no
+    Event, and one that moves between observing and enforcing gets Normal ones."""
+    observed = condition(S.FALSE, R.CAPS_OBSERVED, "observe mode, nothing written")
+    rig = Rig()
+    await rig.to(observed)
+    await rig.to(TRUE)
+    await rig.to(observed)
+    assert rig.api.said() == [(NODE, "Normal", "CapsEnforced"), (NODE, "Normal", "CapsObserved")]
+
+
+@pytest.mark.asyncio
 async def test_each_change_of_reason_is_its_own_event() -> None:
     """False for one reason, then another: two Warnings."""
     rig = Rig()

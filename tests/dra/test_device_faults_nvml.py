@@ -18,8 +18,9 @@ from agent.attribution import Attributor, FsProcRoot
 from agent.health.faults import FaultTracker, XidPolicy
 from agent.nvml.backend import NvmlBackend
 from agent.ownership import OwnershipStore
-from agent.reconciling import Policy, Reconciler
+from agent.reconciling import Reconciler
 from agent.reports import CycleReport
+from agent.stepping import Policy
 from api.gen.capwatch.v1 import node_health_pb2 as pb
 from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from kit.clock import SystemClock

@@ -101,7 +101,7 @@ async def test_node_event_is_created_in_default(apiserver: ApiServer, api: KubeA
     assert events["n1"]["metadata"]["name"].startswith("n1.")
     assert events["n1"]["involvedObject"]["kind"] == "Node"
     assert (events["n1"]["reportingComponent"], events["n1"]["reportingInstance"]) == (
-        "capwatch.io/controller",
+        "capwatch.io/capwatch-controller",  # the default release's
         "r0",
     )
     assert events["n1"]["firstTimestamp"] == "2025-03-01T10:00:00Z"

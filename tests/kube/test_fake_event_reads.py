@@ -118,7 +118,7 @@ def test_the_agents_pod_events_are_named_and_found_by_pod(apiserver: ApiServer) 
     assert cut.startswith("p" * 58)
     assert len(cut) == 63
     created = {e["metadata"]["name"]: e for e in apiserver.events("ns")}
-    assert created[short]["source"] == {"component": "capwatch", "host": NODE}
+    assert created[short]["source"] == {"component": "capwatch-agent", "host": NODE}
     assert created[short]["lastTimestamp"].endswith("Z")
 
 

@@ -113,7 +113,9 @@ def start_agent(scene: Scene, *, silence_bound_s: float = 5.0, claim: bool = Fal
     if claim:
         _claimed_gpu(scene, node, tag)
         devices.append(FakeDevice(uuid=CLAIM_GPU_UUID))
-    own = scene.agent_pod(node, scene.loopback.ip(9))
+    # Its DaemonSet's: at SIGTERM the agent reads the pod, the DaemonSet and the node (the
+    # node is not one the DaemonSet selects: it leaves, and restores the defaults).
+    own = scene.agent_pod(node, scene.loopback.ip(9), owned=True)
     workload = scene.pod(f"trainer-{tag}", node, annotations={annotation_key(scene): str(CAP_W)})
     materialise(directory / "proc", [ProcSpec(pid=PID, pod_uid=workload["metadata"]["uid"])])
     log_file = directory / "nvml-writes.log"

@@ -129,6 +129,19 @@ class Scene:
 
         wait_until(refused, what="the fencing policies to be enforced")
 
+    def upgrade(self, helm: Helm, *values: str) -> None:
+        """``helm upgrade`` of the release's objects with ``values`` (its RBAC and fencing
+        as rendered anew, applied as admin); the pods are the test's to roll."""
+        kinds = {o["kind"] for o in self.installed}
+        self.release = Release.render(helm, self.namespace, values=values, name=self.release.name)
+        objects = [o for o in self.release.manifests if o["kind"] in kinds]
+        rendered = {(o["kind"], o["metadata"]["name"]) for o in objects}
+        apply(self.plane, objects)
+        # What the new render no longer has, helm deletes.
+        gone = [o for o in self.installed if (o["kind"], o["metadata"]["name"]) not in rendered]
+        remove(self.plane, gone)
+        self.installed = objects
+
     def installed_kinds(self) -> set[str]:
         return {o["kind"] for o in self.installed}
 
@@ -186,6 +199,7 @@ class Scene:
         account: str | None = None,
         ip: str | None = None,
         namespace: str | None = None,
+        owner: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A Pod bound to ``node`` ("": never scheduled); with ``ip`` also Running at that
         podIP (its status set through the status subresource, as the kubelet does)."""
@@ -193,6 +207,16 @@ class Scene:
         metadata: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
         if annotations:
             metadata["annotations"] = dict(annotations)
+        if owner is not None:
+            metadata["ownerReferences"] = [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": owner["kind"],
+                    "name": owner["metadata"]["name"],
+                    "uid": owner["metadata"]["uid"],
+                    "controller": True,
+                }
+            ]
         spec: dict[str, Any] = {
             "containers": [{"name": "main", "image": "registry.invalid/capwatch:test"}],
         }
@@ -208,14 +232,31 @@ class Scene:
             pod = self.plane.request("PUT", f"{base}/{name}/status", pod)
         return pod
 
-    def agent_pod(self, node: str, ip: str) -> dict[str, Any]:
-        """The agent pod of ``node`` (the DaemonSet's labels and account), Running at ``ip``."""
+    def agent_pod(self, node: str, ip: str, *, owned: bool = False) -> dict[str, Any]:
+        """The agent pod of ``node`` (the DaemonSet's labels and account), Running at ``ip``;
+        ``owned``: controlled by the release's DaemonSet (:meth:`daemonset`), as the
+        agent's shutdown reads it."""
         name = f"{self.release.name}-{uuid.uuid4().hex[:10]}"  # 120 a trial: 5 hex collided
         labels, account = (
             self.release.pod_labels("DaemonSet"),
             self.release.service_account("agent"),
         )
-        return self.pod(name, node, labels=labels, account=account, ip=ip)
+        owner = self.daemonset() if owned else None
+        return self.pod(name, node, labels=labels, account=account, ip=ip, owner=owner)
+
+    def daemonset(self) -> dict[str, Any]:
+        """The release's DaemonSet as rendered, in the API server (made once; no controller
+        here makes its pods): what an agent pod's ownerReference names."""
+        rendered = self.release.manifests.one("DaemonSet")
+        base = f"/apis/apps/v1/namespaces/{self.namespace}/daemonsets"
+        name = rendered["metadata"]["name"]
+        try:
+            made: dict[str, Any] = self.plane.request("POST", base, rendered)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            made = self.plane.request("GET", f"{base}/{name}")
+        return made
 
     def delete_pod(self, name: str, namespace: str | None = None) -> None:
         """Deleted at once (no kubelet holds it up: grace period 0)."""
@@ -292,7 +333,7 @@ class Scene:
         ]
         return self.processes.start(f"controller-{replica}", args, downward_env(container, pod))
 
-    def cleanup(self) -> subprocess.CompletedProcess[str]:
+    def cleanup(self, *, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """The post-delete hook's Job: its args, as the hook's ServiceAccount."""
         container = self.release.container("Job", "cleanup")
         args = [*container["args"], f"--kubeconfig={self.kubeconfig('cleanup')}"]
@@ -302,7 +343,7 @@ class Scene:
             env=clean_environ(),
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=timeout,
             check=False,
         )
 
@@ -372,10 +413,15 @@ class Scene:
         )["items"]
         return sorted(items, key=lambda e: int(e["metadata"]["resourceVersion"]))
 
+    def lease_name(self, shard: int = 0) -> str:
+        """Shard ``shard``'s Lease, as the release's controller names it."""
+        shards = int(flag(self.release.container("StatefulSet", "controller")["args"], "--shards"))
+        return f"{self.release.name}-controller-{shard}-of-{shards}"
+
     def lease(self, shard: int = 0) -> dict[str, Any] | None:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
         try:
-            found: dict[str, Any] = self.plane.request("GET", f"{path}/capwatch-controller-{shard}")
+            found: dict[str, Any] = self.plane.request("GET", f"{path}/{self.lease_name(shard)}")
         except ApiError as err:
             if err.status == 404:
                 return None
@@ -383,7 +429,11 @@ class Scene:
         return found
 
     def holder(self) -> str:
-        lease = self.lease()
+        return self.holder_of(0)
+
+    def holder_of(self, shard: int) -> str:
+        """Who holds shard ``shard``'s Lease ("": nobody, or no Lease yet)."""
+        lease = self.lease(shard)
         return "" if lease is None else str(lease["spec"].get("holderIdentity") or "")
 
 

@@ -44,7 +44,6 @@ RECORDED_LEASE_S = math.ceil(LEASE_S)
 TAKEOVER_BOUND_S = JITTERED_RETRY_S + RECORDED_LEASE_S + JITTERED_RETRY_S
 MARGIN_S = 3.0
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{}/leases"
-LEASE = "capwatch-controller-0"
 FENCING = ("--set", "controller.fencing.admissionPolicy=true")
 
 
@@ -118,7 +117,7 @@ def test_two_replicas_elect_renew_and_hand_over_on_sigterm(scene: Scene) -> None
     Fenced: the same, with the chart's admission policy admitting each leader's writes
     (its Lease identity is what its pod-bound token says)."""
     nodes = _agents(scene, 2)
-    with ObjectWatch(scene.plane, LEASES.format(scene.namespace), LEASE) as watch:
+    with ObjectWatch(scene.plane, LEASES.format(scene.namespace), scene.lease_name()) as watch:
         leader, standby, holder = _pair(scene, nodes)
         first = scene.lease()
         assert first is not None
@@ -142,7 +141,7 @@ def test_two_replicas_elect_renew_and_hand_over_on_sigterm(scene: Scene) -> None
         )
         specs = watch.specs()
     assert _pod_of(new) != _pod_of(holder)
-    assert f"released lease={LEASE}" in leader.log
+    assert f"released lease={scene.lease_name()}" in leader.log
     held = [s["holderIdentity"] for s in specs]
     assert set(held) == {holder, "", new}, held
     assert held.index("") < held.index(new), held  # released first, then taken
@@ -182,7 +181,7 @@ def test_a_killed_leader_is_replaced_once_its_lease_runs_out(scene: Scene) -> No
     the new leader's writes are admitted, and a write with the dead leader's token is
     refused by the policy."""
     nodes = _agents(scene, 2)
-    with ObjectWatch(scene.plane, LEASES.format(scene.namespace), LEASE) as watch:
+    with ObjectWatch(scene.plane, LEASES.format(scene.namespace), scene.lease_name()) as watch:
         leader, _standby, holder = _pair(scene, nodes)
         before = scene.lease()
         assert before is not None
@@ -313,7 +312,8 @@ def test_condition_times_and_events_on_the_real_server(scene: Scene) -> None:
         assert event["involvedObject"] == {
             "apiVersion": "v1", "kind": "Node", "name": node, "uid": node,
         }  # fmt: skip
-        assert event["source"]["component"] == "capwatch-controller"
+        assert event["source"]["component"] == f"{scene.release.name}-controller"
+        assert event["reportingComponent"] == f"capwatch.io/{scene.release.name}-controller"
         assert event["count"] == 1
         assert event["message"]
 

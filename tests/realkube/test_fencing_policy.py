@@ -48,7 +48,7 @@ class Fenced:
     def lease(self, shard: int, holder: str) -> None:
         """Create or replace shard's Lease naming holder (as admin)."""
         path = LEASES.format(ns=self.namespace)
-        name = f"capwatch-controller-{shard}"
+        name = f"{CONTROLLER}-{shard}-of-{SHARDS}"
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -185,7 +185,8 @@ def test_only_the_holder_of_its_shards_lease_may_write(fenced: Fenced) -> None:
     eventually(lambda: fenced.write_condition(zero) == 200)
     assert fenced.post_event(zero) == 200
     assert fenced.write_condition(two) == 403
-    assert f"{FENCED}: {two.pod} does not hold Lease capwatch-controller-0" in fenced.last_refusal
+    refused = f"{FENCED}: {two.pod} does not hold Lease {CONTROLLER}-0-of-{SHARDS}"
+    assert refused in fenced.last_refusal
     assert zero.identity in fenced.last_refusal
     assert fenced.post_event(two) == 403
     eventually(lambda: fenced.write_condition(one) == 403)
@@ -254,7 +255,10 @@ def test_helm_upgrade_with_another_shard_count_keeps_one_binding_per_shard(
             }
             assert ours == {
                 f"{CONTROLLER}-fencing": None,
-                **{f"{CONTROLLER}-fencing-{k}": f"capwatch-controller-{k}" for k in range(shards)},
+                **{
+                    f"{CONTROLLER}-fencing-{k}": f"{CONTROLLER}-{k}-of-{shards}"
+                    for k in range(shards)
+                },
             }
     finally:
         helm.run("uninstall", RELEASE, *base[:4], "--no-hooks")

@@ -167,7 +167,7 @@ def _controller_round(scene: Scene, audit: AuditLog, removed: Grant | None = Non
     left, creates the other, and deletes both after the hold-down. Ends once that is all
     done, or once ``removed`` was refused."""
     user = scene.release.user("controller")
-    path = f"/apis/coordination.k8s.io/v1/namespaces/{scene.namespace}/leases/capwatch-controller-0"
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{scene.namespace}/leases/{scene.lease_name()}"
     scene.delete(path)
     missing, faulted = unique("gpu") + "0", unique("gpu") + "1"
     for node in (missing, faulted):

@@ -55,6 +55,7 @@ class Audited:
     code: int
     received: datetime
     done: datetime
+    name: str = ""  # the object's (the Node's, for a condition write)
 
     @property
     def write(self) -> bool:
@@ -90,6 +91,7 @@ def audited(path: Path, since: int, user: str) -> list[Audited]:
                 code=int(event.get("responseStatus", {}).get("code", 0)),
                 received=_time(event["requestReceivedTimestamp"]),
                 done=_time(event["stageTimestamp"]),
+                name=ref.get("name", ""),
             )
         )
     return found

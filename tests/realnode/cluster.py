@@ -24,6 +24,7 @@ from tests.chart.support import CHART
 from tests.realkube.access import ApiError
 from tests.realnode import containerd
 from tests.realnode.node import RealNode
+from tests.realnode.workload import workload_pod
 
 POLL_S = 0.5
 T = TypeVar("T")
@@ -132,6 +133,17 @@ class Cluster:
         )
         return created
 
+    def run_workload(self, namespace: str, name: str, *, watts: int | None) -> dict[str, Any]:
+        """A workload pod (workload.py) created and Running; the pod as then read."""
+        self.ensure_namespace(namespace)
+        self.create_pod(namespace, workload_pod(name, watts=watts))
+
+        def running() -> dict[str, Any] | None:
+            pod = self.pod(namespace, name)
+            return pod if pod["status"].get("phase") == "Running" else None
+
+        return wait_for(running, 120.0, f"the workload {name} Running")
+
     def ensure_namespace(self, name: str) -> None:
         try:
             self.node.plane.create_namespace(name)
@@ -163,13 +175,40 @@ class Cluster:
             )
         return response.snapshot
 
+    def tag_image(self, tag: str) -> str:
+        """The node's capwatch image under another tag, as a new release would arrive
+        (no registry: containerd holds it); the new reference."""
+        assert self.node.image_reference is not None
+        repository = self.node.image_reference.rpartition(":")[0]
+        tagged = f"{repository}:{tag}"
+        if tagged not in containerd.images(self.node.runtime):
+            containerd.ctr(self.node.runtime, "images", "tag", self.node.image_reference, tagged)
+        return tagged
+
+    def rollout_restart(self, namespace: str, daemonset: str) -> None:
+        """What `kubectl rollout restart` does: a new template annotation."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        patch = {
+            "spec": {
+                "template": {
+                    "metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": stamp}}
+                }
+            }
+        }
+        self.node.plane.request_text(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{daemonset}",
+            patch,
+            content_type="application/strategic-merge-patch+json",
+        )
+
     def write_fakenvml(self, lines: list[str]) -> None:
         """The fake NVML's configuration, read by each agent process at its first nvmlInit."""
         (self.node.fakenvml_dir / "config").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
-    def fakenvml_writes(self) -> list[dict[str, str]]:
-        """Every power-limit write the fake NVML logged (log_file writes.log in its config)."""
-        path = self.node.fakenvml_dir / "writes.log"
+    def fakenvml_writes(self, name: str = "writes.log") -> list[dict[str, str]]:
+        """Every power-limit write the fake NVML logged (log_file NAME in its config)."""
+        path = self.node.fakenvml_dir / name
         if not path.is_file():
             return []
         entries = []

@@ -23,7 +23,6 @@ import pytest
 from api.gen.capwatch.v1 import node_health_pb2 as pb
 from tests.realnode.cluster import Cluster, ready, status_writers, wait_for
 from tests.realnode.containerd import FAKENVML_DIR
-from tests.realnode.workload import workload_pod
 
 NAMESPACE = "nvml"
 RELEASE = "nvml"
@@ -47,15 +46,7 @@ def test_the_agent_caps_a_real_pods_gpu_found_through_its_cgroup(realnode: Clust
     the agent's container; the stream names the pod; the ownership record is on
     the host; the socket carries the shim's stream; a container the runtime kills
     comes back, Ready again, and caps GPU 0 again."""
-    realnode.ensure_namespace(WORKLOAD_NS)
-    realnode.create_pod(WORKLOAD_NS, workload_pod("trainer", watts=WATTS))
-    trainer = wait_for(
-        lambda: (
-            (p := realnode.pod(WORKLOAD_NS, "trainer"))["status"].get("phase") == "Running" and p
-        ),
-        120.0,
-        "the workload Running",
-    )
+    trainer = realnode.run_workload(WORKLOAD_NS, "trainer", watts=WATTS)
     pid = realnode.container_pid(trainer, "main")
     realnode.write_fakenvml(
         ["devices 2", f"processes 0 {pid}", f"log_file {FAKENVML_DIR}/writes.log"]

@@ -52,6 +52,15 @@ At most 52 characters: a StatefulSet's pods carry controller-revision-hash
 {{- printf "%s-controller" (include "capwatch.fullname" .) | trunc 52 | trimSuffix "-" }}
 {{- end }}
 
+{{- /* Shard K's Lease: the release's, and the shard count's, so that two releases in
+one namespace never share one and the pods of two shard counts never contend for
+one while a change of controller.shards rolls out. The controller derives the same
+name from --release and --shards. Called with (list $ K). */ -}}
+{{- define "capwatch.controller.leaseName" -}}
+{{- $root := index . 0 -}}
+{{- printf "%s-controller-%d-of-%d" $root.Release.Name (int (index . 1)) (int $root.Values.controller.shards) -}}
+{{- end }}
+
 {{- define "capwatch.controller.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "capwatch.controller.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}

@@ -28,7 +28,7 @@ from tests.controller.e2e.processes import CHANGE_S, START_S, Process, Processes
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 NAMESPACE = "capwatch"
-LEASE = "capwatch-controller-0"
+LEASE = "capwatch-controller-0-of-1"  # the default release, one shard
 CONDITION = "GPUPowerCapEnforced"
 GPU_LABELS = {"nvidia.com/gpu.present": "true"}
 AGENT_LABELS = {"app.kubernetes.io/name": "capwatch", "app.kubernetes.io/component": "node-agent"}

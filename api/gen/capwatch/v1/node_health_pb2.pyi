@@ -110,6 +110,14 @@ class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Outcome.Value
     OUTCOME_IDLE: _Outcome.ValueType  # 2
     OUTCOME_RELEASED: _Outcome.ValueType  # 3
     OUTCOME_FAILED: _Outcome.ValueType  # 4
+    OUTCOME_OBSERVED: _Outcome.ValueType  # 5
+    """Observe mode: the limit the cycle would have written is intended_watts;
+    nothing was written.
+    """
+    OUTCOME_LEFT: _Outcome.ValueType  # 6
+    """No claim and no pod annotation asks a cap (unclaimed policy leave): the
+    GPU's limit was left as it is.
+    """
 
 class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper): ...
 
@@ -118,6 +126,14 @@ OUTCOME_ENFORCED: Outcome.ValueType  # 1
 OUTCOME_IDLE: Outcome.ValueType  # 2
 OUTCOME_RELEASED: Outcome.ValueType  # 3
 OUTCOME_FAILED: Outcome.ValueType  # 4
+OUTCOME_OBSERVED: Outcome.ValueType  # 5
+"""Observe mode: the limit the cycle would have written is intended_watts;
+nothing was written.
+"""
+OUTCOME_LEFT: Outcome.ValueType  # 6
+"""No claim and no pod annotation asks a cap (unclaimed policy leave): the
+GPU's limit was left as it is.
+"""
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 
 class _CapSource:
@@ -517,6 +533,7 @@ class CycleReport(_message.Message):
     READINESS_FIELD_NUMBER: _builtins.int
     INTERRUPTED_FIELD_NUMBER: _builtins.int
     FAILURE_SUMMARY_FIELD_NUMBER: _builtins.int
+    OBSERVE_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Increases by one per cycle within an agent instance."""
     enforced: _builtins.bool
@@ -526,6 +543,11 @@ class CycleReport(_message.Message):
     """A shutdown short-circuited the cycle; the result is the fold so far."""
     failure_summary: _builtins.str
     """Stable summary of what failed; empty when enforced."""
+    observe: _builtins.bool
+    """The agent runs in observe mode: it wrote nothing. Its devices say what it
+    would have written (OUTCOME_OBSERVED, intended_watts); enforced then means
+    every read succeeded and every cap was decided.
+    """
     @_builtins.property
     def started(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -556,10 +578,11 @@ class CycleReport(_message.Message):
         readiness: Global___Readiness | None = ...,
         interrupted: _builtins.bool = ...,
         failure_summary: _builtins.str = ...,
+        observe: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "finished", b"finished", "readiness", b"readiness", "started", b"started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_reason", b"abort_reason", "devices", b"devices", "duration", b"duration", "enforced", b"enforced", "failure_summary", b"failure_summary", "failures", b"failures", "finished", b"finished", "interrupted", b"interrupted", "readiness", b"readiness", "sequence", b"sequence", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_reason", b"abort_reason", "devices", b"devices", "duration", b"duration", "enforced", b"enforced", "failure_summary", b"failure_summary", "failures", b"failures", "finished", b"finished", "interrupted", b"interrupted", "observe", b"observe", "readiness", b"readiness", "sequence", b"sequence", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -647,6 +670,7 @@ class DeviceStatus(_message.Message):
     CLAIMS_FIELD_NUMBER: _builtins.int
     DRA_POOL_NAME_FIELD_NUMBER: _builtins.int
     DRA_DRIVER_NAME_FIELD_NUMBER: _builtins.int
+    INTENDED_WATTS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     dra_device_name: _builtins.str
@@ -654,7 +678,7 @@ class DeviceStatus(_message.Message):
     health: Global___DeviceHealth.ValueType
     outcome: Global___Outcome.ValueType
     reason: _builtins.str
-    """Stable reason code (ok, idle, released, write_failed, ...)."""
+    """Stable reason code (ok, idle, released, observed, unclaimed, write_failed, ...)."""
     error_class: _builtins.str
     """NVML error class when the step failed on an NVML call (no_permission, ...)."""
     message: _builtins.str
@@ -677,6 +701,10 @@ class DeviceStatus(_message.Message):
     dra_pool_name and dra_device_name: the device as DRA names it, what a
     DeviceTaintRule selects); empty when no slice names it (the names then come
     from the agent's flags).
+    """
+    intended_watts: _builtins.int
+    """Observe mode: the limit the agent would have written (the default, for a
+    release); applied_watts stays unset, as nothing was written.
     """
     @_builtins.property
     def owners(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodRef]: ...
@@ -732,19 +760,24 @@ class DeviceStatus(_message.Message):
         claims: _abc.Iterable[Global___ClaimRef] | None = ...,
         dra_pool_name: _builtins.str = ...,
         dra_driver_name: _builtins.str = ...,
+        intended_watts: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "telemetry", b"telemetry"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_intended_watts", b"_intended_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "intended_watts", b"intended_watts", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "telemetry", b"telemetry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "cap_source", b"cap_source", "claims", b"claims", "clamp_direction", b"clamp_direction", "dra_device_name", b"dra_device_name", "dra_driver_name", b"dra_driver_name", "dra_pool_name", b"dra_pool_name", "error_class", b"error_class", "faults", b"faults", "health", b"health", "index", b"index", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "message", b"message", "outcome", b"outcome", "owners", b"owners", "process_count", b"process_count", "reason", b"reason", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "safe_default_cause", b"safe_default_cause", "sequence", b"sequence", "telemetry", b"telemetry", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts", "_intended_watts", b"_intended_watts", "_requested_watts", b"_requested_watts", "_resolved_watts", b"_resolved_watts", "applied_watts", b"applied_watts", "cap_source", b"cap_source", "claims", b"claims", "clamp_direction", b"clamp_direction", "dra_device_name", b"dra_device_name", "dra_driver_name", b"dra_driver_name", "dra_pool_name", b"dra_pool_name", "error_class", b"error_class", "faults", b"faults", "health", b"health", "index", b"index", "intended_watts", b"intended_watts", "last_transition_time", b"last_transition_time", "last_update_time", b"last_update_time", "message", b"message", "outcome", b"outcome", "owners", b"owners", "process_count", b"process_count", "reason", b"reason", "requested_watts", b"requested_watts", "resolved_watts", b"resolved_watts", "safe_default_cause", b"safe_default_cause", "sequence", b"sequence", "telemetry", b"telemetry", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__applied_watts: _TypeAlias = _typing.Literal["applied_watts"]  # noqa: Y015
     _WhichOneofArgType__applied_watts: _TypeAlias = _typing.Literal["_applied_watts", b"_applied_watts"]  # noqa: Y015
+    _WhichOneofReturnType__intended_watts: _TypeAlias = _typing.Literal["intended_watts"]  # noqa: Y015
+    _WhichOneofArgType__intended_watts: _TypeAlias = _typing.Literal["_intended_watts", b"_intended_watts"]  # noqa: Y015
     _WhichOneofReturnType__requested_watts: _TypeAlias = _typing.Literal["requested_watts"]  # noqa: Y015
     _WhichOneofArgType__requested_watts: _TypeAlias = _typing.Literal["_requested_watts", b"_requested_watts"]  # noqa: Y015
     _WhichOneofReturnType__resolved_watts: _TypeAlias = _typing.Literal["resolved_watts"]  # noqa: Y015
     _WhichOneofArgType__resolved_watts: _TypeAlias = _typing.Literal["_resolved_watts", b"_resolved_watts"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__applied_watts) -> _WhichOneofReturnType__applied_watts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__intended_watts) -> _WhichOneofReturnType__intended_watts | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__requested_watts) -> _WhichOneofReturnType__requested_watts | None: ...
     @_typing.overload
