@@ -276,8 +276,8 @@ def test_controller_runs_restricted(enabled: Manifests) -> None:
     assert spec["serviceAccountName"] == NAME
     assert _named(enabled, "ServiceAccount", NAME)["automountServiceAccountToken"] is False
     assert _container(enabled)["resources"] == {
-        "requests": {"cpu": "150m", "memory": "512Mi"},
-        "limits": {"memory": "1Gi"},
+        "requests": {"cpu": "150m", "memory": "640Mi"},
+        "limits": {"memory": "1536Mi"},
     }
     assert _container(enabled)["image"] == enabled.container("agent")["image"]
 

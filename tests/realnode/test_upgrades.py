@@ -115,6 +115,8 @@ def test_rollout_and_upgrade_keep_the_cap_and_uninstall_restores_it(realnode: Cl
             assert third["spec"]["containers"][0]["image"] == new_image
             time.sleep(1.0)  # a few samples of the upgraded agent's own
         seen = samples.since(start)
+        span = samples.values[-1][0] - start if samples.values else 0.0
+        print(f"GPU 0's limit sampled {len(seen)} times over {span:.1f}s: {sorted(set(seen))} mW")
         assert len(seen) > 200  # the whole window, sampled densely
         assert set(seen) == {WATTS * 1000}, f"GPU 0's limit left 250 W: {sorted(set(seen))}"
         writes = [e for e in realnode.fakenvml_writes(log) if e.get("device") == "0"]
