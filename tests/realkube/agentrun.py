@@ -102,9 +102,15 @@ def annotation_key(scene: Scene) -> str:
     return flag(scene.release.container("DaemonSet", "agent")["args"], "--annotation-key")
 
 
-def start_agent(scene: Scene, *, silence_bound_s: float = 5.0, claim: bool = False) -> AgentRun:
+def start_agent(
+    scene: Scene, *, silence_bound_s: float = 5.0, claim: bool = False, owned: bool = False
+) -> AgentRun:
     """The agent of a node of its own (no other test's pods on it), capping one workload
-    (and with ``claim``, one claimed GPU with no process: see the module docstring)."""
+    (and with ``claim``, one claimed GPU with no process: see the module docstring).
+    ``owned``: its pod is controlled by the release's DaemonSet, so at SIGTERM the agent
+    reads the pod, the DaemonSet and the node (the node is not one the DaemonSet selects:
+    it leaves, and restores the defaults). Only where no kube-controller-manager runs:
+    its DaemonSet controller would delete a pod on a node the DaemonSet does not select."""
     node = f"node-{uuid.uuid4().hex[:8]}"
     tag = uuid.uuid4().hex[:6]
     directory = scene.directory / f"agent-{tag}"
@@ -113,9 +119,7 @@ def start_agent(scene: Scene, *, silence_bound_s: float = 5.0, claim: bool = Fal
     if claim:
         _claimed_gpu(scene, node, tag)
         devices.append(FakeDevice(uuid=CLAIM_GPU_UUID))
-    # Its DaemonSet's: at SIGTERM the agent reads the pod, the DaemonSet and the node (the
-    # node is not one the DaemonSet selects: it leaves, and restores the defaults).
-    own = scene.agent_pod(node, scene.loopback.ip(9), owned=True)
+    own = scene.agent_pod(node, scene.loopback.ip(9), owned=owned)
     workload = scene.pod(f"trainer-{tag}", node, annotations={annotation_key(scene): str(CAP_W)})
     materialise(directory / "proc", [ProcSpec(pid=PID, pod_uid=workload["metadata"]["uid"])])
     log_file = directory / "nvml-writes.log"

@@ -40,7 +40,9 @@ def _ours(node: dict[str, Any]) -> bool:
 
 
 def _listed(plane: ControlPlane) -> list[dict[str, Any]]:
-    path = "/api/v1/nodes?labelSelector=type%3Dkwok&resourceVersion=0"
+    # A quorum read, not the watch cache's (resourceVersion=0): on a loaded machine the
+    # cache can lag the writes just made, and this must see every one of them.
+    path = "/api/v1/nodes?labelSelector=type%3Dkwok"
     items: list[dict[str, Any]] = json.loads(plane.request_text("GET", path, timeout=60))["items"]
     return items
 
@@ -49,8 +51,8 @@ def test_the_cleanup_clears_5000_kwok_nodes_within_its_deadline(
     plane: ControlPlane, helm: Helm, tmp_path: Path
 ) -> None:
     """Every one of 5,000 Ready KWOK nodes carries the condition; one run of the cleanup
-    removes it from all of them, exits 0 well inside the chart's deadline, and leaves
-    KWOK's own conditions (Ready) in place."""
+    removes it from all of them, exits 0 inside the chart's deadline, and leaves KWOK's
+    own conditions (Ready) in place."""
     nodes = KwokNodes.create(plane, f"clean-{uuid.uuid4().hex[:6]}-", NODES, workers=16)
     try:
         nodes.wait_ready(timeout=300)
@@ -94,12 +96,9 @@ def test_the_cleanup_clears_5000_kwok_nodes_within_its_deadline(
         assert took < deadline_s
         listed = _listed(plane)
         assert [n["metadata"]["name"] for n in listed if _ours(n)] == []
-        ready = sum(
-            1
-            for n in listed
-            for c in n["status"]["conditions"]
-            if c["type"] == "Ready" and c["status"] == "True"
-        )
-        assert ready == NODES
+        # KWOK's own conditions stay (whatever their status: a loaded machine can make
+        # the node lifecycle controller doubt KWOK's heartbeats meanwhile).
+        kept = sum(1 for n in listed for c in n["status"]["conditions"] if c["type"] == "Ready")
+        assert kept == NODES
     finally:
         nodes.delete()

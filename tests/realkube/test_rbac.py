@@ -323,7 +323,9 @@ def _agent_round(
     watch at least once; or once ``removed`` was refused."""
     user = scene.release.user("agent")
     mark = audit.mark()
-    run = start_agent(scene, claim=True)
+    # Owned by its DaemonSet: the shutdown's reads are part of the job (no controller
+    # manager runs here to act on the DaemonSet).
+    run = start_agent(scene, claim=True, owned=True)
     done_at: list[int] = []
 
     def finished() -> bool:
