@@ -31,13 +31,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import select
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,8 @@ import grpc
 
 from bench.cluster_procs import node_address, rss_mib
 from bench.figures import check_writable, spread, write_json
+from client.channels import RECONNECT_OPTIONS
+from client.retrying import CHANNEL_OPTIONS
 from server.listeners import OPTIONS
 
 WATCH = "/capwatch.v1.NodeHealthService/Watch"
@@ -210,19 +213,31 @@ def settled_rss(proc: subprocess.Popen[str], settle_s: float) -> float:
     return rss_mib(proc.pid)
 
 
-def pull(children: Children, nodes: int, interval_s: float, settle_s: float) -> dict[str, float]:
+def pull(
+    children: Children,
+    nodes: int,
+    interval_s: float,
+    settle_s: float,
+    options: Sequence[tuple[str, Any]] = (),
+) -> dict[str, float]:
+    """The pull holder's RSS with none and with ``nodes`` connections, its channels
+    opened with ``options``; and how long it took to subscribe to every node."""
     server = children.role("pull-server", nodes, interval_s)
     port = int(expect(server, "ready", 120, "the pull server"))
     measured = {}
+    subscribed_s = 0.0
     for n in (0, nodes):
         targets = children.work / f"targets-{n}.txt"
         targets.write_text("".join(f"node-{i} {node_address(i)}:{port}\n" for i in range(n)))
-        holder = children.start(f"pull-holder-{n}", ["bench/floor_client.py", str(targets)])
-        expect(holder, "subscribed", 300, "the pull holder")
+        argv = ["bench/floor_client.py", str(targets), json.dumps(list(options))]
+        holder = children.start(f"pull-holder-{n}", argv)
+        subscribed_s = float(expect(holder, "subscribed", 300, "the pull holder").split()[1])
         measured[n] = settled_rss(holder, settle_s)
         holder.send_signal(signal.SIGTERM)
         holder.wait(30)
-    return shape(measured, nodes)
+    server.send_signal(signal.SIGTERM)
+    server.wait(30)
+    return {**shape(measured, nodes), "subscribe_s": subscribed_s}
 
 
 def push(
@@ -269,6 +284,39 @@ def report(nodes: int, figures: dict[str, dict[str, float]]) -> Iterator[str]:
     yield f"  push / pull, KiB a connection: {ratio:.2f}"
 
 
+# What a client channel holds for an idle connection, beside capwatch's own options (the
+# controller's channels: keepalive, reconnect backoff, a subchannel pool each): the read
+# buffer grpc core sizes each read with, the window BDP probing grows, the stream's
+# lookahead (its initial flow-control window).
+CAPWATCH = (*CHANNEL_OPTIONS, *RECONNECT_OPTIONS)
+SMALL_READS = (
+    ("grpc.experimental.tcp_read_chunk_size", 4096),
+    ("grpc.experimental.tcp_min_read_chunk_size", 256),
+    ("grpc.experimental.tcp_max_read_chunk_size", 16384),
+)
+NO_BDP = (("grpc.http2.bdp_probe", 0),)
+SMALL_WINDOW = (("grpc.http2.lookahead_bytes", 16384),)
+VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
+    "grpc-defaults": (),
+    "capwatch": CAPWATCH,
+    "capwatch+small-reads": (*CAPWATCH, *SMALL_READS),
+    "capwatch+no-bdp": (*CAPWATCH, *NO_BDP),
+    "capwatch+small-window": (*CAPWATCH, *SMALL_WINDOW),
+    "capwatch+all": (*CAPWATCH, *SMALL_READS, *NO_BDP, *SMALL_WINDOW),
+}
+
+
+def variants(nodes: int, figures: dict[str, dict[str, float]]) -> Iterator[str]:
+    base = figures["capwatch"]
+    for name, f in figures.items():
+        yield (
+            f"  pull, {name}: {f['rss_mib']:.0f} MiB with {nodes} connections, "
+            f"{f['kib_per_connection']:.1f} KiB a connection "
+            f"({f['kib_per_connection'] / base['kib_per_connection']:.2f}x capwatch's), "
+            f"subscribed in {f['subscribe_s']:.1f} s"
+        )
+
+
 ROLES: dict[str, Callable[..., Any]] = {
     "pull-server": lambda n, i: pull_server(int(n), float(i)),
     "push-server": lambda n: push_server(int(n)),
@@ -283,12 +331,21 @@ def main() -> int:
     parser.add_argument("--agent-procs", type=int, default=4, help="processes the agents share")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before reading RSS")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=sorted(VARIANTS),
+        help="pull only, once per set of client channel options (with capwatch's as the "
+        "baseline each is compared to)",
+    )
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
         name, *rest = args.role
         asyncio.run(ROLES[name](*rest))
         return 0
+    if args.variants:
+        return _variants(args)
     if not 1 <= args.nodes <= 16384:
         parser.error("--nodes: 1 to 16384 (one loopback /24 per node)")
     check_writable(args.json)
@@ -311,6 +368,26 @@ def main() -> int:
     print(f"  ({time.monotonic() - started:.0f} s in all)")
     if args.json is not None:
         write_json(args.json, {"nodes": args.nodes, **figures})
+    return 0
+
+
+def _variants(args: argparse.Namespace) -> int:
+    names = ["capwatch", *(n for n in args.variants if n != "capwatch")]
+    print(f"capwatch connection floor, pull, {args.nodes} nodes, grpcio {grpc.__version__}")
+    figures = {}
+    with tempfile.TemporaryDirectory(prefix="capwatch-floor-") as work:
+        children = Children(Path(work))
+        try:
+            for name in names:
+                figures[name] = pull(
+                    children, args.nodes, args.interval, args.settle, VARIANTS[name]
+                )
+        finally:
+            children.stop_all()
+    for line in variants(args.nodes, figures):
+        print(line)
+    if args.json is not None:
+        write_json(args.json, {"nodes": args.nodes, "pull_variants": figures})
     return 0
 
 

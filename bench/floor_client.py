@@ -1,18 +1,22 @@
 """The floor for the controller's memory: a bare grpc.aio client holding one connection
 per node, each with the same capwatch.v1 Watch stream open and read.
 
-``python bench/floor_client.py TARGETS`` (``NODE ADDRESS`` per line) opens a channel
-per address and a Watch per node, prints ``subscribed N`` once every stream has had its
-first message, and reads until SIGTERM. Its RSS is what holding the connections costs
-before anything capwatch's controller keeps per node.
+``python bench/floor_client.py TARGETS [OPTIONS]`` (``NODE ADDRESS`` per line; OPTIONS a
+JSON list of ``[name, value]`` channel arguments) opens a channel per address and a
+Watch per node, prints ``subscribed N SECONDS`` once every stream has had its first
+message, and reads until SIGTERM. Its RSS is what holding the connections costs before
+anything capwatch's controller keeps per node.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -26,15 +30,18 @@ async def follow(channel: grpc.aio.Channel, node: str, first: asyncio.Event) -> 
         first.set()
 
 
-async def main(pairs: list[list[str]]) -> int:
-    channels = {address: grpc.aio.insecure_channel(address) for _, address in pairs}
+async def main(pairs: list[list[str]], options: list[tuple[str, Any]]) -> int:
+    started = time.monotonic()
+    channels = {
+        address: grpc.aio.insecure_channel(address, options=options) for _, address in pairs
+    }
     firsts = [asyncio.Event() for _ in pairs]
     tasks = [
         asyncio.create_task(follow(channels[address], node, first))
         for (node, address), first in zip(pairs, firsts, strict=True)
     ]
     await asyncio.gather(*(first.wait() for first in firsts))
-    print(f"subscribed {len(pairs)}", flush=True)
+    print(f"subscribed {len(pairs)} {time.monotonic() - started:.2f}", flush=True)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
@@ -47,4 +54,5 @@ async def main(pairs: list[list[str]]) -> int:
 
 if __name__ == "__main__":
     text = Path(sys.argv[1]).read_text()
-    sys.exit(asyncio.run(main([line.split() for line in text.splitlines() if line.strip()])))
+    given = [(str(k), v) for k, v in json.loads(sys.argv[2])] if len(sys.argv) > 2 else []
+    sys.exit(asyncio.run(main([line.split() for line in text.splitlines() if line.strip()], given)))

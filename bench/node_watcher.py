@@ -4,7 +4,8 @@
 given client certificate) from now on and appends to OUT one JSON line per event that
 changed a node's ``GPUPowerCapEnforced`` condition: the node, status, reason,
 lastHeartbeatTime, the event's size in bytes and ``time.monotonic()`` when it arrived
-(CLOCK_MONOTONIC: one clock for every process on the machine, the pools' included).
+(CLOCK_MONOTONIC: one clock for every process on the machine, the pools' included),
+each line flushed as it is written.
 Every event's bytes are counted, condition or not; on SIGTERM it writes a last line
 ``{"total_bytes": ..., "events": ...}`` and exits. Re-watches from the last
 resourceVersion when the server ends a watch.
@@ -81,8 +82,10 @@ def main(argv: list[str]) -> int:
                     "bytes": len(raw),
                     "at": arrived,
                 }
+                # Flushed as written: a reader counts what has arrived so far, not what
+                # a watch that has yet to end has buffered.
                 sink.write(json.dumps(record) + "\n")
-        sink.flush()
+                sink.flush()
         connection.close()
     return 0
 

@@ -18,6 +18,9 @@
 
 Stores are filled on the informers' threads; every change is handed to the
 event loop (``call_soon_threadsafe``) and applied there to a :class:`DiscoverySink`.
+Each object is cut down to the fields read here as it is decoded
+(:func:`trimmed_node`, :func:`trimmed_pod`), so a list of thousands of Nodes
+is never held whole between its pages and the loop.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ from typing import Any, Protocol
 
 from agent.kube.informer import Informer, ListWatchRequests, WatchPolicy
 from agent.kube.wire import as_mapping
-from controller.conditions import NodeCondition
-from controller.objects import node_condition
+from controller.conditions import CONDITION_TYPE, NodeCondition
+from controller.objects import node_condition, resource_version
 from kit.addresses import host_port
 from kit.clock import Clock
 from kit.errors import ConfigError
@@ -47,8 +50,16 @@ class DiscoverySink(Protocol):
     def target(self, node: str, address: str | None) -> None:
         """The agent of ``node`` is at ``address`` (None: it has none)."""
 
-    def gpu_node(self, node: str, *, present: bool, condition: NodeCondition | None) -> None:
-        """``node`` is (or stopped being) a GPU node; ``condition`` is what it carries now."""
+    def gpu_node(
+        self,
+        node: str,
+        *,
+        present: bool,
+        condition: NodeCondition | None,
+        version: int | None = None,
+    ) -> None:
+        """``node`` is (or stopped being) a GPU node; ``condition`` is what it carries at
+        resourceVersion ``version`` (None: not comparable)."""
 
 
 def parse_targets(path: Path) -> dict[str, str]:
@@ -195,6 +206,7 @@ class KubernetesDiscovery:
             ),
             clock=self._clock,
             policy=self._policy,
+            trim=trimmed_node,
         )
         self._informers = [nodes]
         nodes.start("capwatch-discovery-nodes")
@@ -207,6 +219,7 @@ class KubernetesDiscovery:
             store=_LoopStore(loop, self._replace_pods, self._apply_pod),
             clock=self._clock,
             policy=self._policy,
+            trim=trimmed_pod,
         )
         self._informers.append(pods)
         pods.start("capwatch-discovery-pods")
@@ -279,7 +292,12 @@ class KubernetesDiscovery:
             name = _name(obj)
             if name:
                 seen.add(name)
-                self._sink.gpu_node(name, present=True, condition=node_condition(obj))
+                self._sink.gpu_node(
+                    name,
+                    present=True,
+                    condition=node_condition(obj),
+                    version=resource_version(obj),
+                )
         for gone in self._gpu_nodes - seen:
             self._sink.gpu_node(gone, present=False, condition=None)
         self._gpu_nodes = seen
@@ -295,8 +313,36 @@ class KubernetesDiscovery:
         else:
             self._gpu_nodes.discard(name)
         self._sink.gpu_node(
-            name, present=present, condition=node_condition(obj) if present else None
+            name,
+            present=present,
+            condition=node_condition(obj) if present else None,
+            version=resource_version(obj) if present else None,
         )
+
+
+def trimmed_pod(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What :func:`agent_pod` reads of an agent pod, and nothing else."""
+    metadata = as_mapping(obj.get("metadata"))
+    spec, status = as_mapping(obj.get("spec")), as_mapping(obj.get("status"))
+    return {
+        "metadata": _some(metadata, "name", "uid", "creationTimestamp", "deletionTimestamp"),
+        "spec": _some(spec, "nodeName"),
+        "status": _some(status, "podIP", "phase"),
+    }
+
+
+def trimmed_node(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What discovery reads of a Node: its name, resourceVersion and capwatch's condition
+    (a real Node carries its images, addresses, capacity and managedFields: kilobytes
+    each, at thousands of nodes)."""
+    metadata = as_mapping(obj.get("metadata"))
+    conditions = as_mapping(obj.get("status")).get("conditions")
+    ours = [c for c in conditions or [] if isinstance(c, dict) and c.get("type") == CONDITION_TYPE]
+    return {"metadata": _some(metadata, "name", "resourceVersion"), "status": {"conditions": ours}}
+
+
+def _some(obj: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    return {key: obj[key] for key in keys if key in obj}
 
 
 def _name(obj: Mapping[str, Any]) -> str:

@@ -20,6 +20,7 @@ import sys
 from typing import Any, TextIO
 
 from controller.conditions import CONDITION_TYPE, NodeCondition
+from controller.objects import FieldOwner
 from controller.writes.recorder import NodeEvent
 
 
@@ -29,15 +30,19 @@ class PrintingApi:
     def __init__(self, out: TextIO | None = None) -> None:
         self._out = out or sys.stdout
 
-    async def patch_condition(
-        self, node: str, condition: NodeCondition, *, deadline: float
-    ) -> None:
+    async def apply_condition(
+        self, node: str, condition: NodeCondition, *, deadline: float, force: bool = False
+    ) -> int | None:
         print(
             f"PATCH nodes/{node}/status {CONDITION_TYPE}={condition.status.value} "
             f"reason={condition.reason} message={json.dumps(condition.message)}",
             file=self._out,
             flush=True,
         )
+        return None
+
+    async def condition_owners(self, node: str, *, deadline: float) -> tuple[FieldOwner, ...]:
+        return ()  # nothing is applied, so no one else owns anything
 
     async def create_event(self, event: NodeEvent, *, deadline: float) -> None:
         print(

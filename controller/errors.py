@@ -21,6 +21,15 @@ class Conflict(ApiError):
     """409: the object changed since it was read (optimistic concurrency lost)."""
 
 
+class FieldConflict(Conflict):
+    """409 on a server-side apply: fields it sets are owned by other field managers
+    (``managers``, as the API server names them), and the apply was not forced."""
+
+    def __init__(self, message: str, *, managers: tuple[str, ...], status: int = 409) -> None:
+        super().__init__(message, status=status)
+        self.managers = managers
+
+
 class NotFound(ApiError):
     """404: the object does not exist."""
 

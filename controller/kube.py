@@ -3,10 +3,11 @@
 Requests are made through the client's configuration, authentication and
 connection pool (``ApiClient.param_serialize`` and ``call_api``) with JSON
 bodies built here and raw JSON answers decoded here: the typed models cost
-more than the few fields the controller reads, and a strategic-merge patch of
-one condition is clearer as the JSON it is. The User-Agent names this replica,
-so an API server's audit log (and the fake server's write log in the tests)
-can tell who wrote what.
+more than the few fields the controller reads, and an apply of one condition
+is clearer as the JSON it is. The User-Agent names this replica, so an API
+server's audit log (and the fake server's write log in the tests) can tell who
+wrote what; every write carries the release's one field manager
+(``RELEASE-controller``), so the objects' ``managedFields`` tell whose they are.
 
 Deadlines. Calls block, so they run on a bounded thread pool of their own, and
 a call handed to the pool is sent whenever one of its threads gets to it:
@@ -43,6 +44,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import secrets
 import threading
 from collections.abc import Mapping
@@ -63,10 +65,19 @@ from controller.errors import (
     Conflict,
     DeadlinePassed,
     FencedOut,
+    FieldConflict,
     NotFound,
 )
 from controller.leasing import LeaseRecord
-from controller.objects import condition_patch, lease_body, lease_record, rfc3339
+from controller.objects import (
+    FieldOwner,
+    condition_apply,
+    condition_owners,
+    lease_body,
+    lease_record,
+    resource_version,
+    rfc3339,
+)
 from controller.writes.recorder import NodeEvent
 from kit.clock import Clock, SystemClock
 from kit.errors import ConfigError
@@ -79,6 +90,10 @@ NODES = "/api/v1/nodes"
 PAGE_SIZE = 500  # objects per page of a list
 COMPONENT = "capwatch-controller"
 SMP = "application/strategic-merge-patch+json"
+APPLY = "application/apply-patch+yaml"  # JSON is YAML: the body is sent as JSON
+# "Apply failed with 2 conflicts: conflicts with \"kubectl-edit\" with subresource ..."
+_WRITES = frozenset({"POST", "PUT", "PATCH"})
+_CONFLICTING = re.compile(r'conflicts? with "([^"]+)"')
 _TRANSIENT = (
     urllib3.exceptions.HTTPError,
     OSError,
@@ -168,8 +183,10 @@ class KubeApi:
         self._client = client
         self._namespace = namespace
         self._identity = identity
-        # The release's own component: two releases' Events on one Node tell apart.
+        # The release's own component: two releases' Events on one Node tell apart, and
+        # the one field manager of everything it writes (managedFields say whose it is).
         self._component = f"{release}-controller"
+        self._manager = {"fieldManager": self._component}
         self._clock: Clock = clock or SystemClock()
         self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="capwatch-kube")
         # Connections from now on check the sending thread's deadline at every send.
@@ -183,22 +200,37 @@ class KubeApi:
 
     # --- conditions ----------------------------------------------------------------------
 
-    async def patch_condition(
+    @property
+    def field_manager(self) -> str:
+        return self._component
+
+    async def apply_condition(
         self,
         node: str,
         condition: NodeCondition,
         *,
         deadline: float | None = None,
         deadline_s: float | None = None,
-    ) -> None:
-        body = condition_patch(condition)
-        await self._call(
+        force: bool = False,
+    ) -> int | None:
+        """Server-side apply of the condition; the Node's resourceVersion after it."""
+        answer = await self._call(
             "PATCH",
             f"/api/v1/nodes/{node}/status",
-            body=body,
-            content_type=SMP,
+            query={"force": "true"} if force else None,
+            body=condition_apply(node, condition),
+            content_type=APPLY,
             deadline=_deadline(self._clock, deadline, deadline_s),
         )
+        return resource_version(answer)
+
+    async def condition_owners(
+        self, node: str, *, deadline: float | None = None, deadline_s: float | None = None
+    ) -> tuple[FieldOwner, ...]:
+        answer = await self._call(
+            "GET", f"{NODES}/{node}", deadline=_deadline(self._clock, deadline, deadline_s)
+        )
+        return condition_owners(answer, manager=self._component)
 
     async def remove_condition(
         self, node: str, *, deadline: float | None = None, deadline_s: float | None = None
@@ -382,6 +414,8 @@ class KubeApi:
         content_type: str = "application/json",
         deadline: float,
     ) -> dict[str, Any]:
+        if method in _WRITES:
+            query = {**self._manager, **(query or {})}  # the one field manager, every write
         call = functools.partial(
             self._request,
             method,
@@ -450,6 +484,9 @@ class KubeApi:
         if status == 404:
             raise NotFound(message, status=status)
         if status == 409:
+            managers = tuple(dict.fromkeys(_CONFLICTING.findall(message)))
+            if managers:
+                raise FieldConflict(message, managers=managers)
             raise Conflict(message, status=status)
         if status == 403 and FENCING_MARK in message:
             raise FencedOut(message, status=status)

@@ -31,7 +31,16 @@ from server.http.exposition import ScrapeCollector
 # Detection within a cycle's delivery is milliseconds; a write retried after
 # API errors can take seconds to a minute.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
-WRITE_RESULTS = ("ok", "failed", "fenced", "refused", "expired", "not_found")
+WRITE_RESULTS = (
+    "ok",
+    "failed",
+    "throttled",
+    "conflict",
+    "fenced",
+    "refused",
+    "expired",
+    "not_found",
+)
 EVENT_RESULTS = ("posted", "failed", "deduplicated", "fenced", "refused", "expired")
 TAINT_ACTIONS = ("create", "update", "delete")
 TAINT_RESULTS = ("ok", "failed", "fenced", "refused", "expired")
@@ -57,8 +66,9 @@ class ControllerMetrics:
         self._shard = str(shard)
         self._writes = Counter(
             "capwatch_controller_condition_writes",
-            "Node condition writes, by result (fenced: held back, this replica did not hold "
-            "its Lease; refused: the API server's fencing policy said so; expired: not "
+            "Node condition writes, by result (throttled: 429, the queue paused; conflict: "
+            "another field manager owns the condition; fenced: held back, this replica did "
+            "not hold its Lease; refused: the API server's fencing policy said so; expired: not "
             "sent, the fence's deadline passed before the request could go out).",
             ["result"],
             registry=r,

@@ -1,7 +1,8 @@
 """The Kubernetes objects the controller reads and writes, as JSON: no client library.
 
 A Node's ``GPUPowerCapEnforced`` condition (read from the node watch, written
-as a strategic-merge patch of ``nodes/<name>/status``), a Lease's record, and
+by a server-side apply of ``nodes/<name>/status``; who else owns it, from the
+Node's ``managedFields``; its resourceVersion), a Lease's record, and
 the RFC 3339 timestamps both carry. Pure functions: :mod:`controller.kube`
 sends what they make, discovery reads Nodes with them, and ``--dry-run``
 prints them without loading the ``kubernetes`` package.
@@ -10,7 +11,9 @@ prints them without loading the ``kubernetes`` package.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,10 +34,50 @@ def parse_time(text: object) -> float | None:
         return None
 
 
-def condition_patch(condition: NodeCondition) -> dict[str, Any]:
-    """The strategic-merge patch of ``nodes/<name>/status`` that sets ``condition``
-    (conditions merge by ``type``: the Node's others are left alone)."""
+@dataclass(frozen=True, kw_only=True)
+class FieldOwner:
+    """One of an object's ``managedFields`` entries: who wrote, and how."""
+
+    manager: str
+    operation: str  # "Apply" or "Update"
+
+
+def resource_version(obj: Mapping[str, Any]) -> int | None:
+    """An object's resourceVersion as an integer (KEP-5504: a positive decimal integer
+    without leading zeros compares as one); None when it is not one."""
+    text = (obj.get("metadata") or {}).get("resourceVersion")
+    if not isinstance(text, str) or not (text.isascii() and text.isdigit()) or text[0] == "0":
+        return None
+    return int(text)
+
+
+def condition_owners(node: Mapping[str, Any], *, manager: str) -> tuple[FieldOwner, ...]:
+    """Who owns a field of the Node's ``GPUPowerCapEnforced`` condition, from its
+    ``managedFields``; ``manager``'s own applies left out."""
+    entry = f"k:{json.dumps({'type': CONDITION_TYPE}, separators=(',', ':'))}"
+    owners: list[FieldOwner] = []
+    for managed in (node.get("metadata") or {}).get("managedFields") or []:
+        if not isinstance(managed, dict):
+            continue
+        fields = ((managed.get("fieldsV1") or {}).get("f:status") or {}).get("f:conditions")
+        owned = isinstance(fields, dict) and any(key != "." for key in (fields.get(entry) or {}))
+        owner = FieldOwner(
+            manager=str(managed.get("manager") or ""),
+            operation=str(managed.get("operation") or ""),
+        )
+        if owned and owner != FieldOwner(manager=manager, operation="Apply"):
+            owners.append(owner)
+    return tuple(owners)
+
+
+def condition_apply(node: str, condition: NodeCondition) -> dict[str, Any]:
+    """The server-side apply of ``nodes/<name>/status`` that sets ``condition``: the
+    controller's whole intent for the Node (conditions are a map keyed by ``type``, so
+    the Node's others, and their owners, are left alone)."""
     return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node},
         "status": {
             "conditions": [
                 {
@@ -46,7 +89,7 @@ def condition_patch(condition: NodeCondition) -> dict[str, Any]:
                     "lastHeartbeatTime": rfc3339(condition.last_heartbeat_wall),
                 }
             ]
-        }
+        },
     }
 
 

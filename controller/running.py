@@ -86,10 +86,17 @@ class _ShardSink:
             self._tracker.target(node, address)
             self._followers.target(node, address)
 
-    def gpu_node(self, node: str, *, present: bool, condition: NodeCondition | None) -> None:
+    def gpu_node(
+        self,
+        node: str,
+        *,
+        present: bool,
+        condition: NodeCondition | None,
+        version: int | None = None,
+    ) -> None:
         if self._ours(node):
             # The writer learns what the Node carries before the tracker asks for a write.
-            self._writer.observed(node, condition)
+            self._writer.observed(node, condition, version=version)
             self._tracker.gpu_node(node, present=present)
 
 

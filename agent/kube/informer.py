@@ -41,7 +41,7 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -165,9 +165,13 @@ class Informer:
         clock: Clock,
         policy: WatchPolicy,
         rng: random.Random | None = None,
+        trim: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
     ) -> None:
-        """``what`` names the objects in logs and problems (``pods on node n1``)."""
+        """``what`` names the objects in logs and problems (``pods on node n1``);
+        ``trim`` keeps of each object only what the store reads, as it is decoded (a
+        list of thousands of Nodes is never held whole, nor their managedFields)."""
         self._what = what
+        self._trim = trim or _whole
         self._requests = requests
         self._store = store
         self._clock = clock
@@ -361,7 +365,10 @@ class Informer:
                     timeout=self._policy.request_timeout,
                 )
             )
-            objects += [as_mapping(item) for item in body.get("items") or []]
+            # Taken out of the page: its whole objects go now, not with the next page.
+            items = body.pop("items", None) or []
+            objects += [self._trim(as_mapping(item)) for item in items]
+            del items
             metadata = as_mapping(body.get("metadata"))
             token = str(metadata.get("continue") or "")
             if not token:
@@ -447,9 +454,13 @@ class Informer:
             if resource_version:
                 self._resource_version = resource_version
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                self._store.apply(str(kind), obj)
+                self._store.apply(str(kind), self._trim(obj))
             elif kind != "BOOKMARK":
                 logger.warning("ignoring watch event what=%r type=%s", self._what, kind)
+
+
+def _whole(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj
 
 
 def _describe(err: BaseException) -> str:

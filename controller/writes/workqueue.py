@@ -12,13 +12,21 @@ The rules (client-go's ``util/workqueue``):
 - **rate limiting**: :meth:`WorkQueue.add_rate_limited` waits the key's own
   backoff (:class:`ItemBackoff`: exponential, full jitter, a ceiling), which
   :meth:`WorkQueue.forget` resets after a success;
+- **pause**: :meth:`WorkQueue.pause` hands out nothing until a delay has
+  passed (the server said "too many requests": it is the server that is
+  busy, not one key);
 - **shut down**: :meth:`WorkQueue.shut_down_with_drain` takes no new key and
   waits until every key handed out is done.
 
-Two things differ from client-go, both for the condition writer. Keys carry
+Three things differ from client-go, all for the condition writer. Keys carry
 a priority (lower first, then in the order added): a change of a Node's
-condition goes ahead of every heartbeat waiting. And a shut-down drops what
-is still queued rather than handing it out: a write not begun must not begin
+condition goes ahead of every heartbeat waiting. A key retried keeps its
+place: when its backoff ends it is queued with the priority and the order it
+was first handed out with, ahead of whatever was added since (and so is new
+work for that key while its retry waits), so a run of failures never sends
+the failing keys behind fresh work, and under a server that keeps refusing
+the keys are served in the order they came. And a shut-down drops what is
+still queued rather than handing it out: a write not begun must not begin
 once the writer stops, since the Lease is released after it.
 """
 
@@ -61,20 +69,27 @@ class ItemBackoff(Generic[K]):
         self._failures.pop(key, None)
 
 
+# A key's place: (priority, order added); lower goes first.
+Stamp = tuple[int, int]
+
+
 class WorkQueue(Generic[K]):
     """The queue of keys (the module docstring); runs on one event loop."""
 
     def __init__(self, *, rate_limiter: ItemBackoff[K]) -> None:
         self._limiter = rate_limiter
         self._heap: list[tuple[int, int, K]] = []
-        self._dirty: dict[K, int] = {}  # key -> the priority it is (or will be) queued at
-        self._processing: set[K] = set()
+        self._dirty: dict[K, Stamp] = {}  # key -> the place it is (or will be) queued at
+        self._processing: dict[K, Stamp] = {}  # key -> the place it was handed out from
+        self._kept: dict[K, Stamp] = {}  # a retry's place, for when it is queued again
         self._waiting: dict[K, tuple[float, asyncio.TimerHandle]] = {}  # add_after timers
         self._order = itertools.count()
         self._getters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._idle = asyncio.Event()
         self._idle.set()
         self._shutting_down = False
+        self._paused_until = 0.0
+        self._resume: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         """Keys queued and not yet handed out (not those processing or waiting)."""
@@ -92,18 +107,24 @@ class WorkQueue(Generic[K]):
         return key in self._waiting
 
     def add(self, key: K, *, priority: int = 0) -> None:
-        """Queue ``key`` (lower ``priority`` first). Queued already at a priority as high
-        or higher: nothing changes. Processing: queued again when it is done."""
+        """Queue ``key`` (lower ``priority`` first; a key whose retry was pending keeps
+        its place, at this priority if it is higher). Queued already at a place as good
+        or better: nothing changes. Processing: queued again when it is done."""
         if self._shutting_down:
             return
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            stamp = (min(priority, kept[0]), kept[1])
+        else:
+            stamp = (priority, next(self._order))
         queued = self._dirty.get(key)
-        if queued is not None and queued <= priority:
+        if queued is not None and queued <= stamp:
             return
-        self._dirty[key] = priority
+        self._dirty[key] = stamp
         if key in self._processing:
             return  # done() queues it
-        # An entry at a lower priority stays in the heap; get() skips it.
-        heapq.heappush(self._heap, (priority, next(self._order), key))
+        # An entry at a worse place stays in the heap; get() skips it.
+        heapq.heappush(self._heap, (*stamp, key))
         self._wake(1)
 
     def add_after(self, key: K, delay_s: float, *, priority: int = 0) -> None:
@@ -123,15 +144,50 @@ class WorkQueue(Generic[K]):
         handle = loop.call_later(delay_s, self._due, key, priority)
         self._waiting[key] = (due, handle)
 
-    def add_rate_limited(self, key: K, *, floor_s: float | None = None, priority: int = 0) -> float:
-        """Queue ``key`` after its backoff (at least ``floor_s``: a Retry-After); the delay."""
+    def add_rate_limited(self, key: K, *, floor_s: float | None = None) -> float:
+        """Queue ``key`` after its backoff (at least ``floor_s``: a Retry-After), at the
+        place it was handed out from (processing now) or is kept at; the delay."""
+        self._keep(key)
         delay = self._limiter.when(key, floor_s=floor_s)
-        self.add_after(key, delay, priority=priority)
+        self.add_after(key, delay, priority=self._kept.get(key, (0, 0))[0])
         return delay
+
+    def requeue(self, key: K) -> None:
+        """Queue ``key`` again at once, at the place it was handed out from (a try the
+        server turned away as a whole, not this key: no backoff of its own)."""
+        self._keep(key)
+        self.add(key, priority=self._kept.get(key, (0, 0))[0])
+
+    def _keep(self, key: K) -> None:
+        stamp = self._processing.get(key)
+        kept = self._kept.get(key)
+        if stamp is not None and (kept is None or stamp < kept):
+            self._kept[key] = stamp
+
+    def pause(self, delay_s: float) -> None:
+        """Hand out no key for ``delay_s`` (a later end than one set already wins)."""
+        if self._shutting_down or delay_s <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + delay_s
+        if until <= self._paused_until:
+            return
+        self._paused_until = until
+        if self._resume is not None:
+            self._resume.cancel()
+        self._resume = loop.call_at(until, self._end_pause)
+
+    def paused(self) -> bool:
+        return self._resume is not None
+
+    def _end_pause(self) -> None:
+        self._resume = None
+        self._wake(len(self._getters))
 
     def forget(self, key: K) -> None:
         """Reset ``key``'s backoff (it succeeded) and drop a retry it has waiting."""
         self._limiter.forget(key)
+        self._kept.pop(key, None)
         self.cancel_wait(key)
 
     def cancel_wait(self, key: K) -> None:
@@ -147,9 +203,10 @@ class WorkQueue(Generic[K]):
         while True:
             if self._shutting_down:
                 return None
-            key = self._pop()
-            if key is not None:
-                self._processing.add(key)
+            popped = None if self._resume is not None else self._pop()
+            if popped is not None:
+                key, stamp = popped
+                self._processing[key] = stamp
                 self._idle.clear()
                 return key
             waiter = asyncio.get_running_loop().create_future()
@@ -166,11 +223,11 @@ class WorkQueue(Generic[K]):
 
     def done(self, key: K) -> None:
         """Processing ``key`` has ended; if it was added meanwhile, it is queued again."""
-        self._processing.discard(key)
+        self._processing.pop(key, None)
         if self._shutting_down:
             self._dirty.pop(key, None)
         elif key in self._dirty:
-            heapq.heappush(self._heap, (self._dirty[key], next(self._order), key))
+            heapq.heappush(self._heap, (*self._dirty[key], key))
             self._wake(1)
         if not self._processing:
             self._idle.set()
@@ -181,6 +238,10 @@ class WorkQueue(Generic[K]):
         for _, handle in self._waiting.values():
             handle.cancel()
         self._waiting.clear()
+        self._kept.clear()
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
         self._heap.clear()
         self._dirty = {key: p for key, p in self._dirty.items() if key in self._processing}
         self._wake(len(self._getters))
@@ -190,13 +251,13 @@ class WorkQueue(Generic[K]):
         self.shut_down()
         await self._idle.wait()
 
-    def _pop(self) -> K | None:
+    def _pop(self) -> tuple[K, Stamp] | None:
         while self._heap:
-            priority, _, key = heapq.heappop(self._heap)
-            if self._dirty.get(key) != priority or key in self._processing:
-                continue  # overtaken by the same key at a higher priority, or stale
+            priority, order, key = heapq.heappop(self._heap)
+            if self._dirty.get(key) != (priority, order) or key in self._processing:
+                continue  # overtaken by the same key at a better place, or stale
             del self._dirty[key]
-            return key
+            return key, (priority, order)
         return None
 
     def _due(self, key: K, priority: int) -> None:

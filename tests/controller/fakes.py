@@ -14,8 +14,9 @@ from typing import cast
 from client.retrying import MonotonicClock
 from client.stream_events import Event
 from controller.conditions import NodeCondition
-from controller.errors import ApiError, Conflict, NotFound
+from controller.errors import ApiError, Conflict, FieldConflict, NotFound
 from controller.leasing import LeaseRecord
+from controller.objects import FieldOwner
 from controller.tracking import NodeState
 from controller.writes.recorder import NodeEvent
 
@@ -91,14 +92,21 @@ class FakeConditionApi:
         self.cancelled: list[str] = []
         self.in_flight: dict[str, int] = defaultdict(int)
         self.most_in_flight: dict[str, int] = defaultdict(int)
+        self.version = 100  # the resourceVersion the last write left (one counter for all)
+        # Who else owns a node's condition: an apply is refused unless forced (and a
+        # forced one takes it over).
+        self.owners: dict[str, tuple[FieldOwner, ...]] = {}
+        self.owner_reads: list[str] = []
+        self.forced: list[bool] = []
 
-    async def patch_condition(
-        self, node: str, condition: NodeCondition, *, deadline: float
-    ) -> None:
+    async def apply_condition(
+        self, node: str, condition: NodeCondition, *, deadline: float, force: bool = False
+    ) -> int | None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline_s = deadline - started
         self.attempts.append((node, started, deadline_s))
+        self.forced.append(force)
         self.in_flight[node] += 1
         self.most_in_flight[node] = max(self.most_in_flight[node], self.in_flight[node])
         try:
@@ -107,9 +115,15 @@ class FakeConditionApi:
                 await gate.wait()
             if node in self.missing:
                 raise NotFound(f"nodes {node!r} not found", status=404)
+            owners = self.owners.get(node, ())
+            if owners and not force:
+                managers = tuple(o.manager for o in owners)
+                raise FieldConflict(f"conflicts with {managers}", managers=managers)
             if self.failures[node]:
                 raise self.failures[node].pop(0)
+            self.owners.pop(node, None)
             self.nodes[node] = condition
+            self.version += 1
             self.patches.append(
                 Patch(
                     node=node,
@@ -124,6 +138,11 @@ class FakeConditionApi:
             raise
         finally:
             self.in_flight[node] -= 1
+        return self.version
+
+    async def condition_owners(self, node: str, *, deadline: float) -> tuple[FieldOwner, ...]:
+        self.owner_reads.append(node)
+        return self.owners.get(node, ())
 
     def written(self, node: str) -> list[NodeCondition]:
         return [p.condition for p in self.patches if p.node == node]

@@ -14,7 +14,15 @@ import pytest
 
 from agent.kube.informer import WatchPolicy
 from controller.conditions import ConditionStatus, NodeCondition
-from controller.discovery import KubernetesDiscovery, StaticDiscovery, agent_pod, parse_targets
+from controller.discovery import (
+    KubernetesDiscovery,
+    StaticDiscovery,
+    agent_pod,
+    parse_targets,
+    trimmed_node,
+    trimmed_pod,
+)
+from controller.objects import node_condition, resource_version
 from kit.clock import SystemClock
 from kit.errors import ConfigError
 from tests.controller.collections_fake import MemoryCollection
@@ -191,6 +199,47 @@ def test_a_pod_that_cannot_be_dialled_is_no_target(obj: dict[str, Any]) -> None:
     assert agent_pod(obj, port=PORT) == ("u1", None)
 
 
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pod("u1", created=NEW),
+        pod("u2", ip="fd00:10:244::5"),
+        pod("u3", ip=None),
+        pod("u4", node=None),
+        pod("u5", deleting=True),
+        pod("u6", phase="Succeeded"),
+        {"metadata": None, "spec": [], "status": "x"},
+    ],
+)
+def test_a_trimmed_pod_is_the_same_target_as_the_whole_pod(obj: dict[str, Any]) -> None:
+    """What discovery keeps of an agent pod (trimmed_pod) gives the same target, or the
+    same None, as the whole pod: nothing agent_pod reads is cut, the rest is."""
+    whole = {
+        **obj,
+        "metadata": {**(obj.get("metadata") or {}), "managedFields": [{"manager": "kubelet"}]},
+    }
+    assert agent_pod(trimmed_pod(whole), port=PORT) == agent_pod(whole, port=PORT)
+    assert "managedFields" not in trimmed_pod(whole)["metadata"]
+
+
+def test_a_trimmed_node_keeps_its_name_version_and_capwatchs_condition_only() -> None:
+    """trimmed_node: the Node's name, resourceVersion and GPUPowerCapEnforced, nothing of
+    its images, capacity, managedFields or other conditions; what node_condition and
+    resource_version read of it is what they read of the whole Node."""
+    whole = gpu_node_obj("gpu-1", status="False", reason="CapWriteFailed")
+    whole["metadata"]["resourceVersion"] = "4242"
+    whole["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    whole["status"]["images"] = [{"names": [f"registry/image-{i}"]} for i in range(50)]
+    whole["status"]["capacity"] = {"nvidia.com/gpu": "8"}
+    trimmed = trimmed_node(whole)
+    assert trimmed == {
+        "metadata": {"name": "gpu-1", "resourceVersion": "4242"},
+        "status": {"conditions": [whole["status"]["conditions"][1]]},
+    }
+    assert node_condition(trimmed) == node_condition(whole)
+    assert resource_version(trimmed) == resource_version(whole) == 4242
+
+
 def test_a_pod_without_metadata_is_no_target() -> None:
     """Whatever JSON comes, agent_pod does not raise."""
     assert agent_pod({}, port=PORT) == ("", None)
@@ -207,6 +256,7 @@ class Sink:
         self.calls: list[tuple[Any, ...]] = []
         self.targets: dict[str, str] = {}
         self.gpu_nodes: dict[str, NodeCondition | None] = {}
+        self.versions: dict[str, int | None] = {}
 
     def target(self, node: str, address: str | None) -> None:
         self.calls.append(("target", node, address))
@@ -215,8 +265,16 @@ class Sink:
         else:
             self.targets[node] = address
 
-    def gpu_node(self, node: str, *, present: bool, condition: NodeCondition | None) -> None:
+    def gpu_node(
+        self,
+        node: str,
+        *,
+        present: bool,
+        condition: NodeCondition | None,
+        version: int | None = None,
+    ) -> None:
         self.calls.append(("gpu_node", node, present, condition))
+        self.versions[node] = version
         if present:
             self.gpu_nodes[node] = condition
         else:
@@ -391,6 +449,24 @@ async def test_gpu_nodes_coming_changing_and_going() -> None:
         assert modified[:3] == ("gpu_node", "gpu-7", True)
         assert modified[3].status is ConditionStatus.TRUE
         assert deleted == ("gpu_node", "gpu-7", False, None)
+    finally:
+        cluster.discovery.close()
+
+
+@pytest.mark.asyncio(loop_factories=["real"])
+async def test_each_node_reaches_the_sink_with_its_resource_version() -> None:
+    """Listed and watched Nodes alike come with the resourceVersion the server gave them,
+    as an integer (the writer's staleness check): a later change, a higher one."""
+    cluster = await Cluster(pods=[], nodes=[gpu_node_obj("gpu-1")]).start()
+    try:
+        await until(lambda: "gpu-1" in cluster.sink.versions, "the listed node")
+        listed = cluster.sink.versions["gpu-1"]
+        cluster.nodes.emit("MODIFIED", gpu_node_obj("gpu-1", status="True", reason="CapsEnforced"))
+        await until(lambda: cluster.sink.versions["gpu-1"] != listed, "the watched change")
+        watched = cluster.sink.versions["gpu-1"]
+        assert listed is not None
+        assert watched is not None
+        assert watched > listed
     finally:
         cluster.discovery.close()
 

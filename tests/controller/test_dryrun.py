@@ -38,7 +38,7 @@ async def test_a_patch_is_one_line_with_the_message_quoted() -> None:
         last_transition_wall=0.0,
         last_heartbeat_wall=0.0,
     )
-    await PrintingApi(out).patch_condition("gpu-7", condition, deadline=1.0)
+    await PrintingApi(out).apply_condition("gpu-7", condition, deadline=1.0)
     assert out.getvalue() == (
         "PATCH nodes/gpu-7/status GPUPowerCapEnforced=False reason=CapWriteFailed "
         'message="gpu1: write_failed: \\"no\\"\\nsecond line"\n'

@@ -102,7 +102,7 @@ async def test_a_write_whose_deadline_passes_before_its_thread_runs_is_not_sent(
     the API server; the same calls inside their deadline do."""
     release = rig.hold()
     deadline = rig.clock.monotonic() + 5.0
-    patch = await queued(rig.api.patch_condition("n1", CONDITION, deadline=deadline))
+    patch = await queued(rig.api.apply_condition("n1", CONDITION, deadline=deadline))
     event = NodeEvent(node="n1", type=EventType.WARNING, reason="R", message="m", wall=WALL)
     post = await queued(rig.api.create_event(event, deadline=deadline))
     rig.clock.advance(6.0)
@@ -114,7 +114,7 @@ async def test_a_write_whose_deadline_passes_before_its_thread_runs_is_not_sent(
     assert fake.node_status_writes() == []
     assert rig.timeouts == []  # call_api was never reached
 
-    await rig.api.patch_condition("n1", CONDITION, deadline=rig.clock.monotonic() + 5.0)
+    await rig.api.apply_condition("n1", CONDITION, deadline=rig.clock.monotonic() + 5.0)
     await rig.api.create_event(event, deadline=rig.clock.monotonic() + 5.0)
     assert len(fake.node_status_writes("n1")) == 1
     assert len(fake.events()) == 1
@@ -127,7 +127,7 @@ async def test_a_deadline_that_passes_exactly_when_the_thread_runs_is_not_sent(
     which the client would read as no timeout at all)."""
     release = rig.hold()
     patch = await queued(
-        rig.api.patch_condition("n1", CONDITION, deadline=rig.clock.monotonic() + 2.0)
+        rig.api.apply_condition("n1", CONDITION, deadline=rig.clock.monotonic() + 2.0)
     )
     rig.clock.advance(2.0)
     release.set()
@@ -142,7 +142,7 @@ async def test_a_request_gets_only_what_is_left_of_its_deadline(rig: Rig) -> Non
     from when the call was made, not from when its thread ran."""
     release = rig.hold()
     patch = await queued(
-        rig.api.patch_condition("n1", CONDITION, deadline=rig.clock.monotonic() + 5.0)
+        rig.api.apply_condition("n1", CONDITION, deadline=rig.clock.monotonic() + 5.0)
     )
     lease = await queued(rig.api.get_lease("capwatch-controller-0", deadline_s=4.0))
     rig.clock.advance(3.5)
@@ -203,7 +203,7 @@ async def test_a_pause_inside_the_client_library_stops_the_request_at_its_connec
     api = KubeApi(client, namespace="capwatch", identity="r0", clock=clock)
     try:
         with pytest.raises(DeadlinePassed, match=r"PATCH /api/v1/nodes/n1/status: not sent"):
-            await api.patch_condition("n1", CONDITION, deadline=deadline)
+            await api.apply_condition("n1", CONDITION, deadline=deadline)
     finally:
         api.close()
         client.close()
@@ -216,6 +216,6 @@ async def test_a_call_takes_one_deadline_or_the_other(rig: Rig) -> None:
     """``deadline`` (an instant) and ``deadline_s`` (seconds from now) are exclusive, and
     one of them is required."""
     with pytest.raises(TypeError, match="one of the two"):
-        await rig.api.patch_condition("n1", CONDITION)
+        await rig.api.apply_condition("n1", CONDITION)
     with pytest.raises(TypeError, match="one of the two"):
-        await rig.api.patch_condition("n1", CONDITION, deadline=1.0, deadline_s=1.0)
+        await rig.api.apply_condition("n1", CONDITION, deadline=1.0, deadline_s=1.0)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from controller.objects import lease_body, lease_record
+import pytest
+
+from controller.objects import lease_body, lease_record, resource_version
 
 READ = {
     "apiVersion": "coordination.k8s.io/v1",
@@ -64,3 +66,28 @@ def test_a_lease_to_create_carries_only_the_election():
         "renewTime",
         "leaseTransitions",
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1", 1),
+        ("4242", 4242),
+        ("123456789012345678901234567890", 123456789012345678901234567890),
+        ("0", None),
+        ("0042", None),
+        ("", None),
+        ("12a", None),
+        ("-5", None),
+        ("\u00b2", None),
+        (None, None),
+        (17, None),
+    ],
+)
+def test_a_resource_version_compares_only_as_kep_5504_allows(
+    text: object, expected: int | None
+) -> None:
+    """KEP-5504: a positive decimal integer with no leading zero compares as an integer,
+    of any length; anything else (0, a leading zero, a sign, letters, not a string) is not
+    comparable (None), so the writer takes such a Node as it comes."""
+    assert resource_version({"metadata": {"resourceVersion": text}}) == expected

@@ -146,6 +146,84 @@ def test_retry_after_is_a_floor_on_the_rate_limited_delay() -> None:
     run(body)
 
 
+def test_a_retried_key_comes_back_at_the_place_it_was_handed_out_from() -> None:
+    """A key that failed and waits its backoff is queued, when due, at the priority and
+    order it was handed out with: ahead of keys added after it at that priority (client-go
+    would put it last), behind those added before it, and so is new work for that key
+    added while its retry waits."""
+
+    async def body() -> None:
+        q = queue(seed=3)
+        q.add("early", priority=1)
+        q.add("a", priority=1)
+        assert await take(q) == "early"
+        assert await take(q) == "a"
+        for key in ("b", "c"):
+            q.add(key, priority=1)
+        q.add_rate_limited("a")
+        q.done("a")
+        q.done("early")
+        q.add("early", priority=1)  # fresh work, after "a" failed: it goes last
+        await asyncio.sleep(BACKOFF.initial_s)  # the retry is due
+        assert [await take(q) for _ in range(4)] == ["a", "b", "c", "early"]
+
+        for key in ("a", "b", "c", "early"):
+            q.done(key)
+        q.add("x", priority=1)
+        assert await take(q) == "x"
+        q.add_rate_limited("x")
+        q.done("x")
+        q.add("y", priority=1)
+        q.cancel_wait("x")
+        q.add("x", priority=1)  # newer work for x while its retry waited
+        assert [await take(q), await take(q)] == ["x", "y"]
+
+    run(body)
+
+
+def test_requeue_puts_a_key_back_at_its_place_at_once() -> None:
+    """requeue(): no backoff, the key's place kept (a try the server turned away whole)."""
+
+    async def body() -> None:
+        q = queue()
+        q.add("a", priority=2)
+        assert await take(q) == "a"
+        q.add("b", priority=2)
+        q.requeue("a")
+        q.done("a")
+        assert q.failures("a") == 0
+        assert [await take(q), await take(q)] == ["a", "b"]
+
+    run(body)
+
+
+def test_a_pause_hands_out_nothing_until_it_ends_and_shut_down_ends_it() -> None:
+    """pause(5): get() waits the 5 s even with keys queued, then hands them out in order;
+    a shorter pause does not shorten it; a shut-down during a pause releases getters."""
+
+    async def body() -> None:
+        q = queue()
+        loop = asyncio.get_running_loop()
+        q.add("a")
+        q.add("b")
+        start = loop.time()
+        q.pause(5.0)
+        q.pause(1.0)
+        assert q.paused()
+        assert await q.get() == "a"
+        assert loop.time() - start == pytest.approx(5.0)
+        assert await take(q) == "b"
+        q.pause(30.0)
+        q.add("c")
+        waiting = asyncio.create_task(q.get())
+        await asyncio.sleep(1)
+        assert not waiting.done()
+        q.shut_down()
+        assert await waiting is None
+
+    run(body)
+
+
 def test_five_thousand_refusals_keep_retrying_at_the_ceiling() -> None:
     """A key that fails for ever (a persistent 403) retries for ever, never faster than
     the jitter allows and never slower than the ceiling; nothing overflows."""

@@ -240,14 +240,14 @@ async def test_a_huge_retry_after_waits_no_longer_than_the_backoff_ceiling(
 
 @pytest.mark.asyncio
 async def test_a_pending_retry_never_delays_a_newer_state() -> None:
-    """A node True, then failing, its write refused with Retry-After: 3600: when its state
-    changes again (Unknown) during the retry's wait, the new state is written at once, not
-    when the retry is due; its backoff carries on (a second refusal waits longer), and the
-    retry it replaced writes nothing more."""
+    """A node True, then failing, its write refused (503) with Retry-After: 3600: when
+    its state changes again (Unknown) during the retry's wait, the new state is written at
+    once, not when the retry is due; its backoff carries on (a second refusal waits
+    longer), and the retry it replaced writes nothing more."""
     rig = Rig()
     rig.api.failures[NODE] = [
-        ApiError("slow down", status=429, retry_after=3600.0),
-        ApiError("slow down", status=429, retry_after=3600.0),
+        ApiError("unavailable", status=503, retry_after=3600.0),
+        ApiError("unavailable", status=503, retry_after=3600.0),
     ]
     rig.change(WRITE_FAILED)
     await asyncio.sleep(5)

@@ -164,7 +164,7 @@ class Handler(
             case ["api", "v1", "nodes", name, "status"]:
                 return {
                     "GET": ("node_get", lambda: self._get_node(name)),
-                    "PATCH": ("node_status", lambda: self._patch_node_status(name, raw)),
+                    "PATCH": ("node_status", lambda: self._patch_node_status(name, raw, query)),
                 }
             case ["apis", "resource.k8s.io", *_]:
                 return self._resource_routes(parts, query, raw)

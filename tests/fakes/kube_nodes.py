@@ -15,8 +15,14 @@ Served:
   removes it) and the rest of ``status`` as a JSON merge;
   ``application/merge-patch+json`` is RFC 7386, which replaces the
   conditions list wholesale; ``application/json-patch+json`` is RFC 6902 over
-  the whole Node. Any other content type is 415 (apply patches are not
-  modelled); an unknown Node 404; a ``metadata.resourceVersion`` in the patch
+  the whole Node; ``application/apply-patch+yaml`` (server-side apply, JSON
+  body) needs ``fieldManager`` (400 without, as on the real server) and a
+  body naming the Node (``apiVersion``, ``kind``, ``metadata.name``), and
+  merges ``status.conditions`` by ``type`` as the strategic merge does: what
+  the real server does for an apply that sets one condition. Field ownership
+  is not modelled (no ``managedFields``, so no apply is refused for a field
+  another manager owns: tests/realkube covers that on the real server). Any
+  other content type is 415; an unknown Node 404; a ``metadata.resourceVersion`` in the patch
   that is not the current one 409 ``Conflict`` (a precondition, as on the
   real server); a status or conditions value of the wrong type, or a
   condition time that is not RFC 3339, 422. Condition times are stored as the
@@ -34,6 +40,7 @@ that instant, so a test can check who wrote while holding what.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import uuid
@@ -57,7 +64,8 @@ Node = dict[str, Any]
 SMP = "application/strategic-merge-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-PATCH_TYPES = (SMP, MERGE_PATCH, JSON_PATCH)
+APPLY = "application/apply-patch+yaml"
+PATCH_TYPES = (SMP, MERGE_PATCH, JSON_PATCH, APPLY)
 NODE_FIELDS = {
     "metadata.name": lambda node: node["metadata"]["name"],
     "spec.unschedulable": lambda node: str(bool(node["spec"].get("unschedulable"))).lower(),
@@ -161,7 +169,10 @@ class NodeStore(ObjectStore):
             if content_type == JSON_PATCH:
                 self._apply_json_patch(node, patch)
                 return self.replace(("", name), node, skip_unchanged=True)
-            self._apply_merge(node, patch, strategic=content_type == SMP)
+            if content_type == APPLY:
+                _check_apply(name, patch)
+                patch = _appending(node, patch)
+            self._apply_merge(node, patch, strategic=content_type in (SMP, APPLY))
             return self.replace(("", name), node, skip_unchanged=True)
 
     @staticmethod
@@ -207,6 +218,31 @@ class NodeStore(ObjectStore):
             self._writes.append(write)
 
 
+def _appending(node: Node, patch: dict[str, Any]) -> dict[str, Any]:
+    """An apply puts a condition new to the Node after the others (the strategic merge
+    puts it first): the conditions the apply adds are appended here, and only those it
+    changes in place are left to the merge."""
+    wanted = (patch.get("status") or {}).get("conditions")
+    if not isinstance(wanted, list):
+        return patch
+    conditions = node["status"].setdefault("conditions", [])
+    have = {c.get("type") for c in conditions if isinstance(c, dict)}
+    conditions.extend(
+        copy.deepcopy(c) for c in wanted if isinstance(c, dict) and c.get("type") not in have
+    )
+    return patch
+
+
+def _check_apply(name: str, patch: Any) -> None:
+    """An apply body must say what it is and name the Node it is sent to."""
+    if not isinstance(patch, dict):
+        raise PatchError(400, "the apply body is not an object")
+    if patch.get("apiVersion") != "v1" or patch.get("kind") != "Node":
+        raise PatchError(400, "apiVersion and kind must be v1 Node")
+    if (patch.get("metadata") or {}).get("name") != name:
+        raise PatchError(400, f"the apply body does not name the Node {name!r}")
+
+
 class NodesEndpoint:
     """Mixed into the handler, which supplies ``fake``, ``headers``, ``_send_json`` and
     ``_collection``."""
@@ -220,7 +256,7 @@ class NodesEndpoint:
         else:
             handler._send_json(200, typed(node, store.kind, store.api_version))
 
-    def _patch_node_status(self, name: str, raw: bytes) -> None:
+    def _patch_node_status(self, name: str, raw: bytes, query: Mapping[str, str]) -> None:
         handler: Any = self
         fake = handler.fake
         store: NodeStore = fake.nodes
@@ -228,9 +264,13 @@ class NodesEndpoint:
         if content_type not in PATCH_TYPES:
             message = (
                 "the body of the request was in an unknown format - accepted media types"
-                f" include: {', '.join(PATCH_TYPES)} (the fake models no apply patches)"
+                f" include: {', '.join(PATCH_TYPES)}"
             )
             handler._send_json(415, status_body(415, message))
+            return
+        if content_type == APPLY and not query.get("fieldManager"):
+            message = "PATCH, application/apply-patch+yaml requests require fieldManager"
+            handler._send_json(400, status_body(400, message))
             return
         try:
             patch = json.loads(raw)

@@ -14,7 +14,7 @@ from controller.conditions import ConditionStatus, NodeCondition
 from controller.errors import Conflict
 from controller.kube import KubeApi
 from controller.leasing import LeaseRecord, micro_time
-from controller.objects import node_condition
+from controller.objects import node_condition, resource_version
 from controller.writes.recorder import EventType, NodeEvent
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.conftest import ClientFactory
@@ -53,20 +53,24 @@ def _condition(status: ConditionStatus, reason: str, heartbeat: float) -> NodeCo
 async def test_condition_patch_and_removal_leave_other_conditions(
     apiserver: ApiServer, api: KubeApi
 ) -> None:
-    """patch_condition adds GPUPowerCapEnforced beside the kubelet's Ready (ahead of it,
-    as the real server orders a new element) and later patches replace it in place;
-    remove_condition deletes only it; list_nodes by the GPU label reads it back through
-    node_condition."""
+    """apply_condition adds GPUPowerCapEnforced beside the kubelet's Ready (after it, as
+    the real server orders an element an apply adds) and later applies replace it in place, each
+    answering the Node's new resourceVersion (higher each time); remove_condition deletes
+    only it; list_nodes by the GPU label reads it back through node_condition."""
     apiserver.add_node("n1", labels=GPU)
     apiserver.add_node("cpu")
-    await api.patch_condition(
+    first = await api.apply_condition(
         "n1", _condition(ConditionStatus.FALSE, "CapWriteFailed", WALL), deadline_s=10
     )
     later = _condition(ConditionStatus.FALSE, "CapWriteFailed", WALL + 300)
-    await api.patch_condition("n1", later, deadline_s=10)
+    second = await api.apply_condition("n1", later, deadline_s=10)
+    assert first is not None
+    assert second is not None
+    assert second > first
     (node,) = await api.list_nodes(label_selector="nvidia.com/gpu.present=true", deadline_s=10)
-    assert [c["type"] for c in node["status"]["conditions"]] == ["GPUPowerCapEnforced", "Ready"]
+    assert [c["type"] for c in node["status"]["conditions"]] == ["Ready", "GPUPowerCapEnforced"]
     assert node_condition(node) == later
+    assert resource_version(node) == second
 
     await api.remove_condition("n1", deadline_s=10)
     current = apiserver.node("n1")
@@ -80,13 +84,17 @@ async def test_condition_writes_are_logged_as_the_controllers(
     """The fake's write log: each of the controller's status writes under its
     User-Agent, a removal of an absent condition included."""
     kube_apiserver.add_node("n1", labels=GPU)
-    await fake_api.patch_condition(
+    await fake_api.apply_condition(
         "n1", _condition(ConditionStatus.TRUE, "CapsEnforced", WALL), deadline_s=5
     )
     await fake_api.remove_condition("n1", deadline_s=5)
     await fake_api.remove_condition("n1", deadline_s=5)
     writes = kube_apiserver.node_status_writes("n1")
     assert [w.user_agent for w in writes] == ["capwatch-controller/r0"] * 3
+    assert writes[0].content_type == "application/apply-patch+yaml"
+    assert {r.query.get("fieldManager") for r in kube_apiserver.requests("node_status")} == {
+        "capwatch-controller"
+    }
 
 
 async def test_node_event_is_created_in_default(apiserver: ApiServer, api: KubeApi) -> None:

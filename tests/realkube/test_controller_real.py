@@ -5,7 +5,7 @@ rendered args, as its own ServiceAccount under exactly the chart's RBAC, against
 Two replicas of one shard elect a leader on a real Lease, renew it, hand it over on
 SIGTERM (released, taken at the standby's next retry) and, after kill -9, take it over
 once the record's lease duration has run out. The leader writes GPUPowerCapEnforced by
-strategic-merge patch of nodes/<n>/status and posts Events that `kubectl describe node`
+server-side apply of nodes/<n>/status and posts Events that `kubectl describe node`
 finds; ``capwatch controller cleanup`` removes the condition.
 
 Lease timings are scaled down (lease 4 s, renew deadline 3 s, retry 0.5 s, so a standby
@@ -252,7 +252,7 @@ def _said(scene: Scene, node: str) -> list[tuple[str, str]]:
 
 
 def test_condition_times_and_events_on_the_real_server(scene: Scene) -> None:
-    """The leader's strategic-merge patch of nodes/<n>/status adds GPUPowerCapEnforced
+    """The leader's server-side apply of nodes/<n>/status adds GPUPowerCapEnforced
     beside the kubelet's Ready (left exactly as it was) and replaces it in place after.
     The heartbeat (2 s here) moves lastHeartbeatTime and nothing else; lastTransitionTime
     moves when the status does (True -> Unknown -> True) and not when only the reason does

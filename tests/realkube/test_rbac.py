@@ -127,6 +127,16 @@ TAINT_VALUES = (
 )  # fmt: skip
 
 
+LEGACY_CONDITION = {
+    "type": "GPUPowerCapEnforced",
+    "status": "True",
+    "reason": "CapsEnforced",
+    "message": "written by a strategic-merge patch",
+    "lastTransitionTime": "2026-12-01T00:00:00Z",
+    "lastHeartbeatTime": "2026-12-01T00:00:00Z",
+}
+
+
 def _faulted_agent(scene: Scene, node: str) -> Process:
     """The node's driver slice (two GPUs), a rule of the release already on gpu-0 with
     another effect (as a former leader left it), and the node's agent, found through its
@@ -160,18 +170,21 @@ def _faulted_agent(scene: Scene, node: str) -> Process:
 
 
 def _controller_round(scene: Scene, audit: AuditLog, removed: Grant | None = None) -> list[Call]:
-    """A fresh start (no Lease yet) with two GPU nodes of its own: one without an agent,
-    one whose agent reports an XID on each GPU its driver's slice names, then their
-    recovery. The controller creates and renews the Lease, writes the conditions, posts
-    the Events, lists the release's DeviceTaintRules, updates the one a former leader
-    left, creates the other, and deletes both after the hold-down. Ends once that is all
-    done, or once ``removed`` was refused."""
+    """A fresh start (no Lease yet) with two GPU nodes of its own: one without an agent
+    (carrying the condition from before server-side apply, so its first apply is refused
+    and the writer reads who owns it), one whose agent reports an XID on each GPU its
+    driver's slice names, then their recovery. The controller creates and renews the
+    Lease, writes the conditions, posts the Events, lists the release's DeviceTaintRules,
+    updates the one a former leader left, creates the other, and deletes both after the
+    hold-down. Ends once that is all done, or once ``removed`` was refused."""
     user = scene.release.user("controller")
     path = f"/apis/coordination.k8s.io/v1/namespaces/{scene.namespace}/leases/{scene.lease_name()}"
     scene.delete(path)
     missing, faulted = unique("gpu") + "0", unique("gpu") + "1"
-    for node in (missing, faulted):
-        scene.gpu_node(node)
+    # The node without an agent carries the condition as a capwatch from before
+    # server-side apply left it: the apply is refused and the owners read (get nodes).
+    scene.gpu_node(missing, conditions=[LEGACY_CONDITION])
+    scene.gpu_node(faulted)
     agent = _faulted_agent(scene, faulted)
     mark = audit.mark()
     process = scene.controller(0)

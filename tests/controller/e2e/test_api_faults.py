@@ -53,9 +53,10 @@ def _gaps(times: list[float]) -> list[float]:
 
 def test_refused_condition_writes_are_retried_with_backoff(cluster: Cluster) -> None:
     """A condition PATCH answered 429 with Retry-After: 2 is retried no sooner than 2 s
-    later; one answered 500 three times is retried until it lands (the backoff's delays
-    are pinned on virtual time, tests/controller/test_writing.py); both land, each with
-    one Event, and the metrics count the failed attempts. The controller never stops."""
+    later (counted throttled); one answered 500 three times is retried until it lands
+    (the backoff's delays are pinned on virtual time, tests/controller/test_writing.py);
+    both land, each with one Event, and the metrics count the failed attempts. The
+    controller never stops."""
     port = free_port()
     controller = _running(cluster, metrics_port=port)
     before = cluster.fake.count("node_status")
@@ -87,7 +88,8 @@ def test_refused_condition_writes_are_retried_with_backoff(cluster: Cluster) -> 
         ),
         what="the last write to be counted",
     )
-    assert sample(found, "capwatch_controller_condition_writes_total", result="failed") == 4
+    assert sample(found, "capwatch_controller_condition_writes_total", result="failed") == 3
+    assert sample(found, "capwatch_controller_condition_writes_total", result="throttled") == 1
     assert controller.popen.poll() is None
     assert fencing_violations(cluster.fake) == []
 

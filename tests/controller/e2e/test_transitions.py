@@ -29,7 +29,7 @@ def test_a_cap_write_failure_reads_false_then_true_again(cluster: Cluster) -> No
     """A GPU whose cap write the driver refuses for three cycles turns the node's
     condition False with reason CapWriteFailed and a message naming that GPU (one
     Warning Event), and its recovery turns it True again (one Normal Event); the first
-    True has no Event. Only transitions are written (three PATCHes over ~25 cycles), the
+    True has no Event. Only transitions are written (three applies over ~25 cycles), the
     kubelet's Ready condition is left alone, lastTransitionTime moves with the status.
     (The node is followed for its agent pod, not by a GPU label, and the controller is
     up before the agent starts: the failing cycles, 7 s into the agent's life, come
@@ -58,8 +58,8 @@ def test_a_cap_write_failure_reads_false_then_true_again(cluster: Cluster) -> No
     cluster.wait_events("gpu-a", [("Warning", "CapWriteFailed"), ("Normal", "CapsEnforced")])
     node = cluster.fake.node("gpu-a")
     assert node is not None
-    # The real API server's strategic merge puts a new condition first; the fake does too.
-    assert [c["type"] for c in node["status"]["conditions"]] == ["GPUPowerCapEnforced", "Ready"]
+    # The real API server's apply puts a new condition last; the fake does too.
+    assert [c["type"] for c in node["status"]["conditions"]] == ["Ready", "GPUPowerCapEnforced"]
     assert first["lastTransitionTime"] < failed["lastTransitionTime"]
     assert failed["lastTransitionTime"] < recovered["lastTransitionTime"]
     assert all(w.user_agent == "capwatch-controller/c1" for w in cluster.fake.node_status_writes())
