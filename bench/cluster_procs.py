@@ -71,6 +71,8 @@ class Run:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     api: subprocess.Popen[str] | None = None
     controllers: list[Controller] = field(default_factory=list)
+    # How a controller is started: the command, or a wrapper around it (bench/heap.py's).
+    launcher: tuple[str, ...] = CAPWATCH
     transitions: list[Path] = field(default_factory=list)
     # Per node: each pool's first and last address, listening once the pool is up.
     probes: list[tuple[str, int]] = field(default_factory=list)
@@ -206,7 +208,7 @@ def start_controllers(run: Run, targets: Path, config: Path) -> None:
         log = run.work / f"controller-{shard}.log"
         proc = subprocess.Popen(
             [
-                *CAPWATCH,
+                *run.launcher,
                 "controller",
                 "--targets", str(targets),
                 "--namespace", "bench",

@@ -8,6 +8,13 @@ backoff, and resumes from the last cycle it saw. Every event goes to the
 or not this replica leads its shard: a standby is hot, and serves the
 cluster stream from the same state.
 
+Dials are paced (``dials``, a :class:`~kit.pacing.TokenBucket`: ``--dial-rate`` a
+second, a second's worth at once): at a start, or a takeover of a shard's discovery,
+thousands of followers begin together, and each opens a connection (a TCP and HTTP/2
+handshake, TLS where configured) on the controller's own cores. Paced, 5,000 nodes are
+subscribed in ``5,000 / rate`` seconds and a handshake never waits behind thousands
+of others; unpaced, how long it takes is whatever the storm makes of it.
+
 A follower task that ends by itself is a bug (the client never gives up: a
 message it cannot read is a Disconnected like any failure, retried with the
 client's own backoff): it is logged and started again after the one backoff
@@ -27,6 +34,7 @@ from collections.abc import Callable
 from client.node_health import NodeHealthClient
 from controller.tracking import NodeTracker
 from kit.backoff import Backoff
+from kit.pacing import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +51,12 @@ class Followers:
         clients: ClientFactory,
         backoff: Backoff = RESTART_BACKOFF,
         rng: random.Random | None = None,
+        dials: TokenBucket | None = None,
     ) -> None:
+        """``dials``: the pace at which followers may open their streams (None: at once)."""
         self._tracker = tracker
         self._clients = clients
+        self._dials = dials
         self._backoff = backoff
         self._rng = rng or random.Random()
         self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
@@ -76,6 +87,8 @@ class Followers:
         task.add_done_callback(lambda done: self._supervise(node, address, done))
 
     async def _follow(self, node: str, address: str) -> None:
+        if self._dials is not None:
+            await self._dials.take()
         client = self._clients(node, address)
         try:
             async with contextlib.aclosing(client.events()) as events:

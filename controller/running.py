@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -47,6 +48,7 @@ from controller.writes.recorder import EventRecorder
 from controller.writes.taints import TaintWriter
 from controller.writes.writer import ConditionWriter
 from kit.clock import Clock, SystemClock
+from kit.pacing import TokenBucket
 from kit.version import package_version
 from server.http.exposition import RegistryServer
 from server.http.readyz import Answer, ReadyzServer
@@ -241,7 +243,13 @@ def build_controller(
             settings=settings,
             clock=clock,
             tracker=tracker,
-            followers=Followers(tracker=tracker, clients=_client_factory(settings)),
+            followers=Followers(
+                tracker=tracker,
+                clients=_client_factory(settings),
+                dials=TokenBucket(
+                    rate=settings.dial_rate, burst=math.ceil(settings.dial_rate), clock=clock
+                ),
+            ),
             writer=writer,
             taints=taints,
             metrics=metrics,

@@ -79,6 +79,7 @@ class ControllerSettings:
     identity: str
     lease: LeaseConfig
     condition_heartbeat_s: float
+    dial_rate: float  # agent streams opened a second, at most
     taints: TaintPolicy  # the DeviceTaintRules of faulted GPUs
     cleanup: CleanupLimits  # ``controller cleanup`` only
     grpc_listen: str
@@ -233,6 +234,14 @@ _OPTIONS = (
         default="300",
         convert=positive_float,
         help="seconds between rewrites of an unchanged condition (lastHeartbeatTime)",
+    ),
+    Option(
+        flag="--dial-rate",
+        env="CAPWATCH_CONTROLLER_DIAL_RATE",
+        default="250",
+        convert=positive_float,
+        help="agent streams opened a second at most (a second's worth at once): a start "
+        "subscribes N nodes in about N / rate seconds",
     ),
     Option(
         flag="--cleanup-timeout",
@@ -414,6 +423,7 @@ def controller_settings(
         identity=values["identity"] or _identity(pod_name, values["pod_uid"]),
         lease=lease,
         condition_heartbeat_s=values["condition_heartbeat"],
+        dial_rate=values["dial_rate"],
         taints=taints,
         cleanup=cleanup,
         grpc_listen=values["grpc_listen"],

@@ -54,6 +54,7 @@ from controller.writes.recorder import EventRecorder, EventType
 from controller.writes.workqueue import ItemBackoff, WorkQueue
 from kit.backoff import Backoff
 from kit.clock import Clock
+from kit.pacing import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -99,28 +100,6 @@ class _NoObserver:
 
     def taint_rules(self, count: int) -> None:
         pass
-
-
-class TokenBucket:
-    """``rate`` tokens a second, at most ``burst`` saved up; :meth:`take` waits for one."""
-
-    def __init__(self, *, rate: float, burst: int, clock: Clock) -> None:
-        if rate <= 0 or burst < 1:
-            raise ValueError("need rate > 0 and burst >= 1")
-        self._rate, self._burst, self._clock = rate, float(burst), clock
-        self._tokens, self._at = float(burst), clock.monotonic()
-
-    async def take(self) -> None:
-        while True:
-            now = self._clock.monotonic()
-            self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
-            self._at = now
-            if self._tokens >= 1:
-                self._tokens -= 1
-                return
-            # At least a millisecond: a wait of a float's rounding error would not move
-            # the clock, and nothing would refill.
-            await asyncio.sleep(max(0.001, (1 - self._tokens) / self._rate))
 
 
 class TaintWriter:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 
 import pytest
@@ -20,6 +21,7 @@ from controller.conditions import ConditionReason
 from controller.following import Followers
 from controller.tracking import NodeTracker
 from kit.clock import SystemClock
+from kit.pacing import TokenBucket
 from tests.client.support import Script, scripted
 from tests.controller.builders import heartbeat_event, report, snapshot, snapshot_event
 from tests.controller.fakes import FakeClients, FakeStream, RecordingListener
@@ -40,12 +42,17 @@ class Rig:
     """Followers with a real tracker, told about targets as the shard sink tells both;
     every restart waits the longest its backoff allows."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, dial_rate: float | None = None) -> None:
         self.clock = LoopClock()
         self.listener = RecordingListener()
         self.tracker = NodeTracker(clock=self.clock, listeners=[self.listener])
         self.clients = FakeClients()
-        self.followers = Followers(tracker=self.tracker, clients=self.clients, rng=TopOfRange())
+        dials = None
+        if dial_rate is not None:
+            dials = TokenBucket(rate=dial_rate, burst=math.ceil(dial_rate), clock=self.clock)
+        self.followers = Followers(
+            tracker=self.tracker, clients=self.clients, rng=TopOfRange(), dials=dials
+        )
 
     def target(self, node: str, address: str | None) -> None:
         self.tracker.target(node, address)
@@ -89,6 +96,32 @@ async def test_each_target_gets_a_stream_whose_events_reach_the_tracker() -> Non
     other = rig.tracker.get("gpu-2")
     assert other is not None
     assert other.condition.reason is ConditionReason.AGENT_STARTING
+    await rig.close()
+
+
+@pytest.mark.asyncio
+async def test_dials_are_paced_at_the_dial_rate() -> None:
+    """1,000 targets at once with a dial rate of 100 a second: a second's worth (100)
+    dial at once, then 100 each second, so the last dials 9 s in, never more than the
+    rate in any second after the first; a target dropped while it waits for its turn
+    never dials."""
+    rig = Rig(dial_rate=100)
+    start = rig.clock.monotonic()
+    for i in range(1000):
+        rig.target(f"gpu-{i:04}", A)
+    rig.target("gpu-0999", None)
+    await settle()
+    made_at: list[float] = [0.0] * len(rig.clients.made)
+    for _ in range(30):
+        before = len(rig.clients.made)
+        await asyncio.sleep(0.5)
+        made_at += [rig.clock.monotonic() - start] * (len(rig.clients.made) - before)
+    assert len(rig.clients.made) == 999
+    assert "gpu-0999" not in {s.node for s in rig.clients.made}
+    assert made_at.count(0.0) == 100
+    assert max(made_at) == pytest.approx(9.0, abs=0.5)
+    for second in range(1, 10):
+        assert sum(1 for t in made_at if second - 1 < t <= second) <= 100
     await rig.close()
 
 
