@@ -49,9 +49,10 @@ def cluster_args(nodes: int) -> argparse.Namespace:
         shards=1,
         heartbeat=300.0,
         steady=0.0,
-        fail_fraction=0.0,
-        fail_at=1e9,
-        fail_for=0.0,
+        # The pools take a fault schedule; this one starts after the run has ended.
+        fail_fraction=0.01,
+        fail_at=86_400.0,
+        fail_for=1.0,
         keep=None,
         shared_addresses=False,
         json=None,

@@ -100,6 +100,9 @@ def main(argv: list[str]) -> int:
         partial.replace(out)
 
     signal.signal(signal.SIGUSR1, write)
+    # Run as a script, Python puts bench/ first on the path, where bench/controller.py
+    # would shadow the controller package: the module is looked for from the repository.
+    sys.path[0] = str(ROOT)
     tracemalloc.start(FRAMES)
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -101,7 +101,7 @@ class AgentLink(str, Enum):
     UNREACHABLE = "unreachable"  # the stream was lost (or refused); reconnecting
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GpuSummary:
     """One GPU as the node's latest cycle that reached it reported it."""
 
@@ -119,7 +119,7 @@ class GpuSummary:
     dra_device: tuple[str, str, str] | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CycleSummary:
     """The node's latest cycle, as much of it as the condition uses: ``gpus`` are the GPUs
     it reached (none when it aborted)."""
@@ -137,7 +137,7 @@ class CycleSummary:
     observe: bool = False  # the agent writes nothing (observe mode)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class NodeObservation:
     """Everything the controller knows of one node's agent, at one moment."""
 
@@ -154,7 +154,7 @@ class NodeObservation:
     gpus: tuple[GpuSummary, ...] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Condition:
     status: ConditionStatus
     reason: ConditionReason
@@ -252,7 +252,7 @@ def _unknown(reason: ConditionReason, message: str) -> Condition:
     return Condition(status=ConditionStatus.UNKNOWN, reason=reason, message=bounded(message))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class NodeCondition:
     """``GPUPowerCapEnforced`` as a Node carries it (times are wall-clock seconds)."""
 

@@ -1,7 +1,9 @@
 """What the controller keeps of an agent's stream messages: pure protobuf -> domain mappers.
 
 A node's latest cycle is kept as a small :class:`~controller.conditions.CycleSummary`
-rather than the message itself (thousands of nodes, each cycle replacing the last).
+rather than the message itself (thousands of nodes, each cycle replacing the last),
+its GPUs' strings interned: one copy of each UUID, code and message however many
+cycles and nodes repeat them.
 Its finishing instant is placed on this process's monotonic clock: the time the
 message arrived less the cycle age the agent measured when it sent it, so neither
 machine's wall clock is trusted and the network delay counts against freshness.
@@ -40,11 +42,13 @@ def gpu_summaries(devices: Iterable[pb.DeviceStatus]) -> tuple[GpuSummary, ...]:
     return tuple(
         GpuSummary(
             index=d.index,
-            uuid=d.uuid,
+            # One copy of each: a cycle every 15 s brings the same UUIDs, codes and
+            # messages ("capped at 250 W" on most GPUs of a fleet) as new strings.
+            uuid=sys.intern(d.uuid),
             healthy=_HEALTH.get(d.health),
             outcome=_OUTCOME.get(d.outcome, "unknown"),
-            reason=d.reason,
-            message=d.message,
+            reason=sys.intern(d.reason),
+            message=sys.intern(d.message),
             applied_watts=d.applied_watts if d.HasField("applied_watts") else None,
             faults=tuple(f.summary for f in d.faults),
             fault_kinds=tuple(_FAULT_KIND.get(f.kind, "unknown") for f in d.faults),

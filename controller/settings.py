@@ -238,7 +238,7 @@ _OPTIONS = (
     Option(
         flag="--dial-rate",
         env="CAPWATCH_CONTROLLER_DIAL_RATE",
-        default="250",
+        default="500",
         convert=positive_float,
         help="agent streams opened a second at most (a second's worth at once): a start "
         "subscribes N nodes in about N / rate seconds",

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 CONNECT_GRACE_S = 30.0
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class NodeState:
     observation: NodeObservation
     condition: Condition

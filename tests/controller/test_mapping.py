@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
@@ -29,7 +31,7 @@ BASE = GpuSummary(
             ),
         ),
         (
-            GpuSummary(**{**BASE.__dict__, "applied_watts": 0, "healthy": None}),
+            dataclasses.replace(BASE, applied_watts=0, healthy=None),
             cpb.GpuSummary(
                 index=2,
                 uuid="GPU-2",
@@ -41,7 +43,7 @@ BASE = GpuSummary(
             ),
         ),
         (
-            GpuSummary(**{**BASE.__dict__, "healthy": False, "faults": ("XID 79", "GPU lost")}),
+            dataclasses.replace(BASE, healthy=False, faults=("XID 79", "GPU lost")),
             cpb.GpuSummary(
                 index=2,
                 uuid="GPU-2",

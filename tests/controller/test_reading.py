@@ -3,6 +3,8 @@ cycle placed on this process's monotonic clock, and the merged per-GPU table."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from api.gen.capwatch.v1 import node_health_pb2 as pb
@@ -154,11 +156,9 @@ def test_device_faults_come_across_by_their_summaries_and_categories() -> None:
     healthy.dra_driver_name, healthy.dra_pool_name = "gpu.nvidia.com", "node-a"
     (plain,) = gpu_summaries([healthy])
     assert (plain.faults, plain.fault_kinds, plain.dra_device) == ((), (), None)
-    assert summary == GpuSummary(
-        **{
-            **plain.__dict__,
-            "faults": ("XID 79", "GPU lost"),
-            "fault_kinds": ("xid", "gpu_lost"),
-            "dra_device": ("gpu.nvidia.com", "node-a", "gpu-0"),
-        }
+    assert summary == dataclasses.replace(
+        plain,
+        faults=("XID 79", "GPU lost"),
+        fault_kinds=("xid", "gpu_lost"),
+        dra_device=("gpu.nvidia.com", "node-a", "gpu-0"),
     )
