@@ -389,10 +389,15 @@ class ConditionWriter:
             await self._events.post(node, EventType.WARNING, CONFLICT_REASON, message)
         elif exc.status == TOO_MANY_REQUESTS:
             # The server is busy, not this node: everyone waits, the node keeps its place.
-            pause = RETRY_BACKOFF.delay(self._throttled, self._rng, floor_s=exc.retry_after)
-            self._throttled += 1
+            # A 429 to a write sent before the pause began is the same news: no longer.
             self._observer.written(result="throttled", latency_s=None)
-            self._queue.pause(pause)
+            if not self._queue.paused():
+                if exc.retry_after is not None:
+                    pause = min(exc.retry_after, RETRY_MAX_S)  # as the server said
+                else:
+                    pause = RETRY_BACKOFF.delay(self._throttled, self._rng)
+                    self._throttled += 1
+                self._queue.pause(pause)
             self._queue.requeue(node)
         else:
             log.warning("condition write failed node=%s status=%s error=%s", node, exc.status, exc)

@@ -385,6 +385,11 @@ class FakeKubeApiServer:
             kind, code, count=count, retry_after=retry_after, in_stream=in_stream, method=method
         )
 
+    def throttle(self, kind: RequestKind, per_second: int, *, retry_after: int = 1) -> None:
+        """At most ``per_second`` requests of ``kind`` a second; the rest answer 429 with
+        ``retry_after`` (0: no throttle)."""
+        self.faults.throttle(kind, per_second, retry_after=retry_after)
+
     def hang_next(
         self, kind: RequestKind, seconds: float, *, count: int = 1, method: str | None = None
     ) -> None:

@@ -19,7 +19,9 @@ Faults, for everyone: the next N requests of a kind (optionally of one HTTP
 method) answer a code with a ``Status`` body (a ``Retry-After`` if asked; for
 watches optionally as a 200 stream carrying one ERROR event), or wait some
 seconds before being served normally (a slow server: a write served late still
-lands).
+lands). A *throttle* lets at most N requests of a kind through in each second
+and answers the rest 429 with a ``Retry-After``, for as long as it is set (the
+real server's priority and fairness turning a flow away).
 
 Per client: a *cut-off* matches every request whose User-Agent contains a
 substring, until restored. It is checked before anything else (it takes no
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar, get_args
 
@@ -125,6 +128,10 @@ class Faults:
     )
     _cuts: list[CutOff] = field(default_factory=list)
     _requests: list[RequestRecord] = field(default_factory=list)
+    # kind -> (requests a second let through, Retry-After of the rest); the count so far
+    # in the current second of time.monotonic(), per kind.
+    _throttles: dict[str, tuple[int, int]] = field(default_factory=dict)
+    _admitted: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def fail_next(
         self,
@@ -153,6 +160,30 @@ class Faults:
         hang = _Hang(seconds=seconds, method=method.upper() if method else None)
         with self.cond:
             self._hangs[kind].extend([hang] * count)
+
+    def throttle(self, kind: RequestKind, per_second: int, *, retry_after: int = 1) -> None:
+        """Let at most ``per_second`` requests of ``kind`` through in each second and
+        answer the rest 429 with ``retry_after``, as the real server's priority and
+        fairness does to a flow over its share (0: stop throttling ``kind``)."""
+        _check_kind(kind)
+        with self.cond:
+            if per_second <= 0:
+                self._throttles.pop(kind, None)
+            else:
+                self._throttles[kind] = (per_second, retry_after)
+
+    def _throttled(self, kind: str) -> Fault | None:
+        limit = self._throttles.get(kind)
+        if limit is None:
+            return None
+        second = int(time.monotonic())
+        at, count = self._admitted.get(kind, (second, 0))
+        if at != second:
+            count = 0
+        if count >= limit[0]:
+            return Fault(code=429, retry_after=limit[1], in_stream=False, method=None)
+        self._admitted[kind] = (second, count + 1)
+        return None
 
     def clear(self) -> None:
         """Drop pending faults and hangs (cut-offs stay until restored)."""
@@ -199,7 +230,7 @@ class Faults:
                 self._requests.append(dataclasses.replace(record, cut_off=True))
                 return Admission(cut=cut)
             self._requests.append(record)
-            fault = _take(self._faults[record.kind], record.method)
+            fault = self._throttled(record.kind) or _take(self._faults[record.kind], record.method)
             if fault is not None:
                 return Admission(fault=fault)
             hang = _take(self._hangs[record.kind], record.method)
