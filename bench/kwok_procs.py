@@ -153,29 +153,34 @@ def _labels(key: tuple[tuple[str, str], ...]) -> dict[str, str]:
     return dict(key)
 
 
-STATUS_PATCH = {"verb": "PATCH", "resource": "nodes", "subresource": "status"}
+# The condition is a server-side apply, which the API server counts under the verb APPLY;
+# a strategic-merge patch (the cleanup's, an older capwatch's) under PATCH.
+STATUS_PATCH = {"resource": "nodes", "subresource": "status"}
+STATUS_VERBS = ("PATCH", "APPLY")
+
+
+def _status_write(labels: Mapping[str, str]) -> bool:
+    return labels.get("verb") in STATUS_VERBS and all(
+        labels.get(k) == v for k, v in STATUS_PATCH.items()
+    )
 
 
 def status_patches(metrics: Mapping[Any, float]) -> dict[str, float]:
-    """PATCH nodes/status answered, by code."""
+    """Writes of nodes/status (apply or patch) answered, by code."""
     out: dict[str, float] = {}
     for (name, key), value in metrics.items():
         labels = _labels(key)
-        if name == "apiserver_request_total" and all(
-            labels.get(k) == v for k, v in STATUS_PATCH.items()
-        ):
+        if name == "apiserver_request_total" and _status_write(labels):
             out[labels["code"]] = out.get(labels["code"], 0.0) + value
     return out
 
 
 def patch_latency_buckets(metrics: Mapping[Any, float]) -> list[tuple[float, float]]:
-    """(le, cumulative count) of the server-side duration of PATCH nodes/status."""
+    """(le, cumulative count) of the server-side duration of nodes/status writes."""
     buckets: dict[float, float] = {}
     for (name, key), value in metrics.items():
         labels = _labels(key)
-        if name == "apiserver_request_duration_seconds_bucket" and all(
-            labels.get(k) == v for k, v in STATUS_PATCH.items()
-        ):
+        if name == "apiserver_request_duration_seconds_bucket" and _status_write(labels):
             le = math.inf if labels["le"] == "+Inf" else float(labels["le"])
             buckets[le] = buckets.get(le, 0.0) + value
     return sorted(buckets.items())

@@ -43,9 +43,10 @@ minutes), and a node failing meanwhile must not be written behind them, nor
 behind a round of heartbeats.
 
 Failures. A 429 is the server saying it is busy, not that this node is
-wrong: the whole queue pauses for its Retry-After (or the one backoff, counted
-over consecutive 429s, when it gives none) and the node goes back to its
-place, so under sustained throttling nodes are written in the order they
+wrong: the whole queue pauses for its Retry-After as given (at most 60 s; a
+429 to a write sent before the pause began does not lengthen it), or, when it
+gives none, for the one backoff counted over consecutive pauses; the node goes
+back to its place, so under sustained throttling nodes are written in the order they
 came, none twice while another waits. Any other failed write is retried
 after the node's own backoff (the one backoff, full jitter, 0.5 s doubling to
 60 s, the server's Retry-After as a floor, capped at those 60 s: a server
