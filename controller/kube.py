@@ -91,8 +91,8 @@ PAGE_SIZE = 500  # objects per page of a list
 COMPONENT = "capwatch-controller"
 SMP = "application/strategic-merge-patch+json"
 APPLY = "application/apply-patch+yaml"  # JSON is YAML: the body is sent as JSON
-# "Apply failed with 2 conflicts: conflicts with \"kubectl-edit\" with subresource ..."
 _WRITES = frozenset({"POST", "PUT", "PATCH"})
+# "Apply failed with 2 conflicts: conflicts with \"kubectl-edit\" with subresource ..."
 _CONFLICTING = re.compile(r'conflicts? with "([^"]+)"')
 _TRANSIENT = (
     urllib3.exceptions.HTTPError,
@@ -199,10 +199,6 @@ class KubeApi:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- conditions ----------------------------------------------------------------------
-
-    @property
-    def field_manager(self) -> str:
-        return self._component
 
     async def apply_condition(
         self,
