@@ -376,3 +376,80 @@ def test_property_no_key_is_lost_or_handed_out_beside_itself(ops: list[tuple[Any
         assert set(owed) <= drained <= set(owed) | delayed
 
     run(body)
+
+
+RETRY_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), KEYS, st.integers(0, 2)),
+        st.tuples(st.just("get")),
+        st.tuples(st.just("fail")),  # the oldest key processing: add_rate_limited, done
+        st.tuples(st.just("throttle"), st.floats(0.1, 30)),  # pause, requeue, done
+        st.tuples(st.just("succeed")),  # the oldest key processing: forget, done
+        st.tuples(st.just("sleep"), st.floats(0, 70)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=RETRY_OPS)
+def test_property_retries_pauses_and_requeues_lose_no_key(ops: list[tuple[Any, ...]]) -> None:
+    """Any sequence of adds, hand-outs, failures (retried after a backoff), throttles
+    (a pause, the key requeued) and successes: a key is never handed out beside itself,
+    no get hands out a key during a pause, and once everything is done and every
+    backoff and pause has passed, every key that failed or was throttled or added since
+    its last hand-out is handed out once more (a retry keeps its place but is never
+    lost), and the queue keeps no retry place for a key that is neither queued, waiting
+    nor processing."""
+
+    async def body() -> None:
+        q = queue(seed=5)
+        processing: list[str] = []
+        owed: set[str] = set()
+        for op in ops:
+            if op[0] == "add":
+                q.add(op[1], priority=op[2])
+                owed.add(op[1])
+            elif op[0] == "get":
+                try:
+                    key = await take(q)
+                except TimeoutError:
+                    continue
+                assert key is not None
+                assert not q.paused()
+                assert key not in processing
+                processing.append(key)
+                owed.discard(key)
+            elif op[0] in ("fail", "throttle", "succeed") and processing:
+                key = processing.pop(0)
+                if op[0] == "fail":
+                    q.add_rate_limited(key)
+                    owed.add(key)
+                elif op[0] == "throttle":
+                    q.pause(op[1])
+                    q.requeue(key)
+                    owed.add(key)
+                else:
+                    q.forget(key)
+                q.done(key)
+            elif op[0] == "sleep":
+                await asyncio.sleep(op[1])
+        for key in processing:
+            q.done(key)
+        await asyncio.sleep(200)  # every backoff (60 s at most) and pause (30 s) is over
+        assert not q.paused()
+        drained: set[str] = set()
+        while True:
+            try:
+                key = await take(q)
+            except TimeoutError:
+                break
+            assert key is not None
+            assert key not in drained
+            drained.add(key)
+            q.done(key)
+        assert owed <= drained
+        assert len(q) == 0
+        assert q._kept == {}
+
+    run(body)
