@@ -35,8 +35,6 @@ from typing import Any
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import kubernetes.client
-
 from bench.figures import check_writable, write_json
 from controller.conditions import (
     AgentLink,
@@ -47,41 +45,16 @@ from controller.conditions import (
 )
 from controller.kube import KubeApi
 from controller.tracking import NodeState
-from controller.writes.recorder import EventRecorder, NodeEvent
+from controller.writes.recorder import EventRecorder
 from controller.writes.writer import ConditionWriter
 from kit.clock import SystemClock
+from tests.controller.fakes import FakeEventApi, ManualFence
+from tests.controller.writing_rig import Observer
 from tests.fakes.kube_apiserver import FakeKubeApiServer
+from tests.kube.rawapi import client_for
 
 FENCE_S = 3600.0  # one replica, always leading: the fence never closes here
 LIMIT_S = 600.0  # a run that has not written every node by then has failed
-
-
-class OpenFence:
-    def write_deadline(self) -> float:
-        return time.monotonic() + FENCE_S
-
-    def lost(self, why: str) -> None:
-        raise SystemExit(f"the fence closed: {why}")
-
-
-class NoEvents:
-    async def create_event(self, event: NodeEvent, *, deadline: float) -> None:
-        pass
-
-
-class Counted:
-    def __init__(self) -> None:
-        self.results: Counter[str] = Counter()
-
-    def written(self, *, result: str, latency_s: float | None) -> None:
-        self.results[result] += 1
-
-
-def _client(url: str) -> kubernetes.client.ApiClient:
-    configuration = kubernetes.client.Configuration()
-    configuration.host = url
-    configuration.retries = False
-    return kubernetes.client.ApiClient(configuration)
 
 
 def _failed(node: str) -> NodeState:
@@ -104,11 +77,13 @@ async def one_run(nodes: int, rate: int | None) -> dict[str, Any]:
     server.start()
     if rate is not None:
         server.throttle("node_status", rate, retry_after=1)
-    api = KubeApi(_client(server.url), namespace="bench", identity="bench")
-    clock, fence, counted = SystemClock(), OpenFence(), Counted()
+    client = client_for(server, user_agent="capwatch-controller/bench")
+    api = KubeApi(client, namespace="bench", identity="bench")
+    clock, counted = SystemClock(), Observer()
+    fence = ManualFence(FENCE_S, clock=clock)
     writer = ConditionWriter(
         api=api,
-        events=EventRecorder(api=NoEvents(), fence=fence, clock=clock),
+        events=EventRecorder(api=FakeEventApi(), fence=fence, clock=clock),
         fence=fence,
         clock=clock,
         observer=counted,
@@ -118,7 +93,7 @@ async def one_run(nodes: int, rate: int | None) -> dict[str, Any]:
         start = time.monotonic()
         for name in names:
             writer.node_changed(_failed(name))
-        while counted.results["ok"] < nodes:
+        while counted.count("ok") < nodes:
             if time.monotonic() - start > LIMIT_S:
                 raise SystemExit(f"not every node written within {LIMIT_S:.0f} s")
             await asyncio.sleep(0.1)
@@ -141,7 +116,7 @@ async def one_run(nodes: int, rate: int | None) -> dict[str, Any]:
         "wait_max_s": round(waits[-1], 2),
         "largest_displacement": max(abs(place[n] - k) for k, n in enumerate(order)),
         "most_writes_of_one_node": max(Counter(order).values()),
-        "answered_429": counted.results["throttled"],
+        "answered_429": counted.count("throttled"),
     }
 
 

@@ -21,10 +21,6 @@ class TokenBucket:
         self._rate, self._burst, self._clock = rate, float(burst), clock
         self._tokens, self._at = float(burst), clock.monotonic()
 
-    @property
-    def rate(self) -> float:
-        return self._rate
-
     async def take(self) -> None:
         while True:
             now = self._clock.monotonic()

@@ -4,29 +4,21 @@ every process it started gone when it returns."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_runs import bench
 
 
 def test_the_connection_floor_measures_both_shapes_and_leaves_nothing_running(tmp_path: Path):
     """Pull (a client per node address) and push (a server taking a stream per agent) each
     report an idle and a loaded RSS and KiB a connection; the bench's children are gone."""
     out = tmp_path / "floor.json"
-    argv = ["bench/connection_floor.py", "--nodes", "20", "--settle", "0.2", "--json", str(out)]
-    done = subprocess.run(
-        [sys.executable, *argv],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = bench(
+        "connection_floor.py", "--nodes", "20", "--settle", "0.2", "--json", str(out), timeout=120
     )
     assert done.returncode == 0, done.stderr
     figures = json.loads(out.read_text())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from bench.cluster_results import earlier_runs, write_runs
 from bench.cycle import cycle_figures
 from bench.figures import write_json
+from tests.bench_runs import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 PLOT = ROOT / "bench" / "plot.py"
@@ -280,18 +280,6 @@ def test_committed_plots_are_the_committed_results():
         assert f"(plots/{name}.png)" in readme, name
         source = json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())["source"]
         assert f"bench/{name}.py" in source, (name, source)
-
-
-def bench(script: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, f"bench/{script}", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_cycle_json_is_what_plot_reads(tmp_path: Path):

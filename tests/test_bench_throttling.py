@@ -5,12 +5,9 @@ meanwhile, and writes every figure."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_runs import bench
 
 
 def test_a_throttled_writer_writes_each_node_once_and_reports_every_figure(
@@ -20,16 +17,7 @@ def test_a_throttled_writer_writes_each_node_once_and_reports_every_figure(
     twice while another waits), some writes are answered 429, and the baseline run
     without a throttle sees none; both runs' figures are in the JSON."""
     out = tmp_path / "throttling.json"
-    argv = ["bench/throttling.py", "--nodes", "60", "--rate", "20", "--json", str(out)]
-    done = subprocess.run(
-        [sys.executable, *argv],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    done = bench("throttling.py", "--nodes", "60", "--rate", "20", "--json", str(out), timeout=240)
     assert done.returncode == 0, done.stderr
     figures = json.loads(out.read_text())
     baseline, throttled = figures["baseline"], figures["throttled"]

@@ -88,8 +88,7 @@ class WorkQueue(Generic[K]):
         self._idle = asyncio.Event()
         self._idle.set()
         self._shutting_down = False
-        self._paused_until = 0.0
-        self._resume: asyncio.TimerHandle | None = None
+        self._resume: asyncio.TimerHandle | None = None  # set while paused
 
     def __len__(self) -> int:
         """Keys queued and not yet handed out (not those processing or waiting)."""
@@ -147,22 +146,24 @@ class WorkQueue(Generic[K]):
     def add_rate_limited(self, key: K, *, floor_s: float | None = None) -> float:
         """Queue ``key`` after its backoff (at least ``floor_s``: a Retry-After), at the
         place it was handed out from (processing now) or is kept at; the delay."""
-        self._keep(key)
+        priority = self._keep(key)
         delay = self._limiter.when(key, floor_s=floor_s)
-        self.add_after(key, delay, priority=self._kept.get(key, (0, 0))[0])
+        self.add_after(key, delay, priority=priority)
         return delay
 
     def requeue(self, key: K) -> None:
         """Queue ``key`` again at once, at the place it was handed out from (a try the
         server turned away as a whole, not this key: no backoff of its own)."""
-        self._keep(key)
-        self.add(key, priority=self._kept.get(key, (0, 0))[0])
+        self.add(key, priority=self._keep(key))
 
-    def _keep(self, key: K) -> None:
+    def _keep(self, key: K) -> int:
+        """Keep the place ``key`` was handed out from (or an earlier one kept); its
+        priority (0 for a key with no place)."""
         stamp = self._processing.get(key)
         kept = self._kept.get(key)
         if stamp is not None and (kept is None or stamp < kept):
-            self._kept[key] = stamp
+            self._kept[key] = kept = stamp
+        return kept[0] if kept is not None else 0
 
     def pause(self, delay_s: float) -> None:
         """Hand out no key for ``delay_s`` (a later end than one set already wins)."""
@@ -170,10 +171,9 @@ class WorkQueue(Generic[K]):
             return
         loop = asyncio.get_running_loop()
         until = loop.time() + delay_s
-        if until <= self._paused_until:
-            return
-        self._paused_until = until
         if self._resume is not None:
+            if until <= self._resume.when():
+                return
             self._resume.cancel()
         self._resume = loop.call_at(until, self._end_pause)
 

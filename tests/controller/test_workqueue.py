@@ -31,6 +31,20 @@ def queue(seed: int = 1) -> WorkQueue[str]:
     return WorkQueue(rate_limiter=ItemBackoff(BACKOFF, rng=random.Random(seed)))
 
 
+async def drain(q: WorkQueue[str]) -> set[str]:
+    """Every key the queue hands out now, each marked done; none may come twice."""
+    drained: set[str] = set()
+    while True:
+        try:
+            key = await take(q)
+        except TimeoutError:
+            return drained
+        assert key is not None
+        assert key not in drained
+        drained.add(key)
+        q.done(key)
+
+
 async def take(q: WorkQueue[str]) -> str | None:
     """A get that must not block: the key is there (or the queue is shutting down)."""
     return await asyncio.wait_for(q.get(), timeout=0.001)
@@ -363,16 +377,7 @@ def test_property_no_key_is_lost_or_handed_out_beside_itself(ops: list[tuple[Any
         for key in processing:
             q.done(key)
         await asyncio.sleep(200)  # every add_after is due
-        drained: set[str] = set()
-        while True:
-            try:
-                key = await take(q)
-            except TimeoutError:
-                break
-            assert key is not None
-            assert key not in drained
-            drained.add(key)
-            q.done(key)
+        drained = await drain(q)
         assert set(owed) <= drained <= set(owed) | delayed
 
     run(body)
@@ -438,16 +443,7 @@ def test_property_retries_pauses_and_requeues_lose_no_key(ops: list[tuple[Any, .
             q.done(key)
         await asyncio.sleep(200)  # every backoff (60 s at most) and pause (30 s) is over
         assert not q.paused()
-        drained: set[str] = set()
-        while True:
-            try:
-                key = await take(q)
-            except TimeoutError:
-                break
-            assert key is not None
-            assert key not in drained
-            drained.add(key)
-            q.done(key)
+        drained = await drain(q)
         assert owed <= drained
         assert len(q) == 0
         assert q._kept == {}

@@ -20,6 +20,7 @@ from controller.writes.recorder import EventRecorder
 from controller.writes.writer import CONFLICT_REASON, ConditionWriter
 from kit.clock import SystemClock
 from tests.controller.fakes import FakeEventApi, ManualFence
+from tests.controller.writing_rig import Observer
 from tests.kube.rawapi import call
 from tests.kube.realserver import RealApiServer
 from tests.realkube.controlplane import ControlPlane
@@ -112,18 +113,13 @@ async def test_the_writer_applies_takes_over_its_past_and_leaves_another_manager
     api = KubeApi(real.client("capwatch-controller/r0"), namespace="default", identity="r0")
     fence = ManualFence(10.0, clock=clock)
     events = FakeEventApi(clock=clock)
-    results: list[str] = []
-
-    class Observer:
-        def written(self, *, result: str, latency_s: float | None) -> None:
-            results.append(result)
-
+    observer = Observer()
     writer = ConditionWriter(
         api=api,
         events=EventRecorder(api=events, fence=fence, clock=clock),
         fence=fence,
         clock=clock,
-        observer=Observer(),
+        observer=observer,
         rng=random.Random(1),
     )
     writer.start()
@@ -139,14 +135,14 @@ async def test_the_writer_applies_takes_over_its_past_and_leaves_another_manager
         }
         assert ("capwatch-controller", "Apply") in managers
         for _ in range(100):
-            if "conflict" in results:
+            if observer.count("conflict"):
                 break
             await asyncio.sleep(0.05)
     finally:
         await writer.stop()
         api.close()
-    assert results.count("ok") == 1
-    assert "conflict" in results
+    assert observer.count("ok") == 1
+    assert observer.count("conflict") > 0
     node_b = real.node("ssa-b") or {}
     condition_b = node_condition(node_b)
     assert condition_b is not None
