@@ -36,12 +36,9 @@ COPY client ./client
 COPY controller ./controller
 COPY capwatch ./capwatch
 # The lock already holds every dependency and the build backend: nothing else
-# is fetched. Then pip and setuptools leave the venv, and so does the
-# Kubernetes client's asyncio twin (kubernetes/aio, 68 MB, a third of the venv):
-# capwatch imports the synchronous client only.
+# is fetched. Then pip and setuptools leave the venv.
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation . \
-    && /opt/venv/bin/pip uninstall --yes pip setuptools \
-    && rm -rf /opt/venv/lib/python3*/site-packages/kubernetes/aio
+    && /opt/venv/bin/pip uninstall --yes pip setuptools
 
 # Runtime stage: the base's interpreter (the venv's python links to it), the
 # venv, and nothing else.

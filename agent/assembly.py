@@ -248,7 +248,7 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
         KubernetesEventSink,
         KubernetesPodRequests,
         ObjectRequests,
-        api_client_from_environment,
+        api_transport,
         group_version_served,
     )
     from agent.kube.departure import KubeDepartureCheck  # noqa: PLC0415
@@ -259,8 +259,9 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
     assert settings.node_name is not None  # settings validation guarantees it
     backend = NvmlBackend.open()
     try:
-        api = api_client_from_environment(
-            None if settings.kubeconfig is None else str(settings.kubeconfig)
+        api = api_transport(
+            None if settings.kubeconfig is None else str(settings.kubeconfig),
+            user_agent=f"capwatch-agent/{settings.node_name}",
         )
         policy = WatchPolicy(
             stale_after=settings.interval_s, silence_bound=settings.pod_silence_bound_s
@@ -305,7 +306,7 @@ def _real(settings: AgentSettings, clock: Clock) -> _Parts:
     if settings.pod_events:
         events = PodEvents(
             KubernetesEventSink(
-                api_client=api,
+                transport=api,
                 node_name=settings.node_name,
                 clock=clock,
                 release=settings.release,

@@ -111,6 +111,5 @@ def configure_logging(level: str, fmt: LogFormat, *, stream: TextIO | None = Non
     # Replace only the handler an earlier call installed (a test's capture stays).
     root.handlers[:] = [*(h for h in root.handlers if h.get_name() != _HANDLER), handler]
     root.setLevel(level)
-    # The kubernetes client and urllib3 are chatty at INFO.
-    for noisy in ("urllib3", "kubernetes"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # urllib3 is chatty at INFO.
+    logging.getLogger("urllib3").setLevel(max(logging.WARNING, root.level))

@@ -1,10 +1,8 @@
-"""The controller's Kubernetes API calls: the one module here that imports the client library.
+"""The controller's Kubernetes API calls, through :class:`~agent.kube.transport.ApiTransport`.
 
-Requests are made through the client's configuration, authentication and
-connection pool (``ApiClient.param_serialize`` and ``call_api``) with JSON
-bodies built here and raw JSON answers decoded here: the typed models cost
-more than the few fields the controller reads, and an apply of one condition
-is clearer as the JSON it is. The User-Agent names this replica, so an API
+Requests are JSON bodies built here, and raw JSON answers decoded here: typed
+models cost more than the few fields the controller reads, and an apply of one
+condition is clearer as the JSON it is. The User-Agent names this replica, so an API
 server's audit log (and the fake server's write log in the tests) can tell who
 wrote what; every write carries the release's one field manager
 (``RELEASE-controller``), so the objects' ``managedFields`` tell whose they are.
@@ -18,9 +16,9 @@ which must be the fence's): a condition write or an Event the instant its
 fence closes (``deadline``, read from the fence on the event loop), any other
 call ``deadline_s`` seconds after it was made. The sending thread checks it
 before it hands the request to urllib3, and again at each write of the
-request's bytes to its connection (the headers, then the body: the client's
+request's bytes to its connection (the headers, then the body: the transport's
 connections are of a class that checks before every ``send``), so a pause
-anywhere in the client library, even between the headers and the body, stops
+anywhere in urllib3, even between the headers and the body, stops
 the request rather than sending it late: a call whose deadline has passed is
 not sent, or not finished (:class:`~controller.errors.DeadlinePassed`; the API
 server never applies a request whose body did not arrive), and one that is
@@ -40,10 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import http.client
 import json
 import logging
-import os
 import re
 import secrets
 import threading
@@ -51,12 +47,12 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import kubernetes.client
-import kubernetes.config
 import urllib3
 import urllib3.connection
 import urllib3.exceptions
 
+from agent.kube.client import TRANSIENT, api_transport
+from agent.kube.transport import ApiTransport
 from agent.kube.wire import retry_after_seconds, status_message
 from controller.conditions import CONDITION_TYPE, NodeCondition
 from controller.errors import (
@@ -80,7 +76,6 @@ from controller.objects import (
 )
 from controller.writes.recorder import NodeEvent
 from kit.clock import Clock, SystemClock
-from kit.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -94,38 +89,11 @@ APPLY = "application/apply-patch+yaml"  # JSON is YAML: the body is sent as JSON
 _WRITES = frozenset({"POST", "PUT", "PATCH"})
 # "Apply failed with 2 conflicts: conflicts with \"kubectl-edit\" with subresource ..."
 _CONFLICTING = re.compile(r'conflicts? with "([^"]+)"')
-_TRANSIENT = (
-    urllib3.exceptions.HTTPError,
-    OSError,
-    http.client.HTTPException,
-    ValueError,
-)
 
 
-def api_client(kubeconfig: str | None, *, identity: str) -> kubernetes.client.ApiClient:
-    """In-cluster configuration when ``KUBERNETES_SERVICE_HOST`` is set, else the kubeconfig.
-
-    urllib3's retries are off: every caller owns its retry policy and deadline.
-    """
-    configuration = kubernetes.client.Configuration()
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    try:
-        if in_cluster:
-            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
-            )
-        else:
-            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, client_configuration=configuration
-            )
-    except Exception as err:  # the loaders raise ConfigException, OSError, YAML errors alike
-        option = "in-cluster" if in_cluster else "--kubeconfig"
-        raise ConfigError(option, f"cannot load Kubernetes client configuration: {err}") from err
-    configuration.retries = False
-    configuration.keep_alive = True
-    client = kubernetes.client.ApiClient(configuration)
-    client.user_agent = f"{COMPONENT}/{identity}"
-    return client
+def api_client(kubeconfig: str | None, *, identity: str) -> ApiTransport:
+    """The transport to the cluster (in-cluster, else the kubeconfig), naming this replica."""
+    return api_transport(kubeconfig, user_agent=f"{COMPONENT}/{identity}")
 
 
 # The request the thread is sending, for its connection's every ``send``: the clock,
@@ -172,7 +140,7 @@ class KubeApi:
 
     def __init__(
         self,
-        client: kubernetes.client.ApiClient,
+        client: ApiTransport,
         *,
         namespace: str,
         identity: str,
@@ -190,10 +158,7 @@ class KubeApi:
         self._clock: Clock = clock or SystemClock()
         self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="capwatch-kube")
         # Connections from now on check the sending thread's deadline at every send.
-        client.rest_client.pool_manager.pool_classes_by_scheme = {
-            "http": _HTTPPool,
-            "https": _HTTPSPool,
-        }
+        client.use_pool_classes(http=_HTTPPool, https=_HTTPSPool)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -434,41 +399,33 @@ class KubeApi:
         deadline: float,
     ) -> dict[str, Any]:
         """On a pool thread: the request, unless its ``deadline`` has passed."""
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        what = f"{method} {path}"
         try:
-            _, url, header_params, serialized, _ = self._client.param_serialize(
-                method,
-                path,
-                query_params=list((query or {}).items()),
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
+            payload = None if body is None else json.dumps(body).encode()
             # Not at all once the deadline has passed, and never for longer than is
-            # left of it (a total timeout, so connect and read together; never 0, which
-            # the client reads as no timeout). Checked again at every send.
-            what = f"{method} {path}"
+            # left of it (a total timeout, so connect and read together). Checked
+            # again at every send.
             left = deadline - self._clock.monotonic()
             if left <= 0:
                 raise DeadlinePassed(f"{what}: not sent, its deadline passed {-left:.3f}s ago")
             _sending.request = (self._clock, deadline, what)
             try:
-                response = self._client.call_api(
+                response = self._client.request(
                     method,
-                    url,
-                    header_params=header_params,
-                    body=serialized,
-                    _request_timeout=left,
+                    path,
+                    query=query,
+                    body=payload,
+                    content_type=content_type,
+                    timeout=left,
                 )
             finally:
                 _sending.request = None
-            data = response.read()  # type: ignore[no-untyped-call]
-        except kubernetes.client.ApiException as err:
-            raise ApiError(
-                f"{method} {path}: {err.status} {err.reason}", status=err.status
-            ) from err
-        except _TRANSIENT as err:
-            raise ApiError(f"{method} {path}: {type(err).__name__}: {err}") from err
+            try:
+                data = response.data
+            finally:
+                response.release_conn()
+        except TRANSIENT as err:
+            raise ApiError(f"{what}: {type(err).__name__}: {err}") from err
         status = response.status
         if 200 <= status < 300:
             try:

@@ -1,8 +1,9 @@
 """The agent's Kubernetes pod view: list+watch of this node's pods.
 
-``informer`` is the list+watch machinery and when it may be trusted (the
-controller's discovery uses it too), ``wire`` the API server's wire format
-without the client library, ``podview`` the synced view the cycle reads, and
-``client`` the one module that imports the ``kubernetes`` package. Imports the
-agent and the kit.
+``access`` is where the API server is and who this process is to it (in-cluster
+or a kubeconfig), ``transport`` the HTTP to it (urllib3, raw JSON: no client
+library), ``client`` the requests the agent makes, ``informer`` the list+watch
+machinery and when it may be trusted, ``wire`` the API server's wire format,
+``podview`` the synced view the cycle reads. The controller uses access,
+transport, client and informer too. Imports the agent and the kit.
 """

@@ -5,7 +5,7 @@ it: after the calls queued before it, or after the process was paused. The
 deadline it carries is an instant, checked on the sending thread immediately
 before the request goes out; a request whose deadline has passed is not sent
 at all, and one that is sent gets no more time than is left. Over the fake API
-server on port 0 with a real ``kubernetes`` client; time is a fake clock, and
+server on port 0 through capwatch's transport; time is a fake clock, and
 the pool's one thread is held by the test, so nothing here waits on the wall
 clock.
 """
@@ -17,9 +17,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import kubernetes.client
 import pytest
 
+from agent.kube.access import ClusterAccess
+from agent.kube.transport import ApiTransport
 from controller.conditions import ConditionStatus, NodeCondition
 from controller.errors import ApiError, DeadlinePassed
 from controller.kube import KubeApi
@@ -51,21 +52,19 @@ class Rig:
     """A KubeApi with one pool thread, which :meth:`hold` keeps busy until released."""
 
     def __init__(self, fake: FakeKubeApiServer) -> None:
-        configuration = kubernetes.client.Configuration(host=fake.url)
-        configuration.retries = False
-        self.client = kubernetes.client.ApiClient(configuration)
+        self.client = ApiTransport(ClusterAccess(server=fake.url), user_agent="test")
         self.clock = FakeClock()
         self.api = KubeApi(
             self.client, namespace="capwatch", identity="r0", max_threads=1, clock=self.clock
         )
         self.timeouts: list[Any] = []
-        send = self.client.call_api
+        send = self.client.request
 
         def recording(*args: Any, **kwargs: Any) -> Any:
-            self.timeouts.append(kwargs.get("_request_timeout"))
+            self.timeouts.append(kwargs.get("timeout"))
             return send(*args, **kwargs)
 
-        self.client.call_api = recording  # type: ignore[method-assign]
+        self.client.request = recording  # type: ignore[method-assign]
 
     def hold(self) -> threading.Event:
         """Occupy the pool's thread (as calls queued ahead would) until the event is set."""
@@ -112,7 +111,7 @@ async def test_a_write_whose_deadline_passes_before_its_thread_runs_is_not_sent(
             await task
     assert fake.requests() == []
     assert fake.node_status_writes() == []
-    assert rig.timeouts == []  # call_api was never reached
+    assert rig.timeouts == []  # the transport was never reached
 
     await rig.api.apply_condition("n1", CONDITION, deadline=rig.clock.monotonic() + 5.0)
     await rig.api.create_event(event, deadline=rig.clock.monotonic() + 5.0)
@@ -194,10 +193,8 @@ async def test_a_pause_inside_the_client_library_stops_the_request_at_its_connec
     the first check (in urllib3, say) that outlasts the deadline stops the request before
     its headers go out; one between the headers and the body stops the body, and the API
     server applies nothing (it never got a whole request). DeadlinePassed either way."""
-    configuration = kubernetes.client.Configuration(host=fake.url)
-    configuration.retries = False
-    client = kubernetes.client.ApiClient(configuration)
-    # Read once on the loop (the deadline) and once before call_api, then by each send.
+    client = ApiTransport(ClusterAccess(server=fake.url), user_agent="test")
+    # Read once on the loop (the deadline) and once before the request, then by each send.
     clock = PausedAfter(reads=1 + reads, pause_s=10.0)
     deadline = clock.monotonic() + 5.0
     api = KubeApi(client, namespace="capwatch", identity="r0", clock=clock)

@@ -1,5 +1,5 @@
-"""Fixtures: a running fake API server, a real ``kubernetes`` client pointed at it,
-a factory of clients naming themselves by User-Agent, and a factory of pod views;
+"""Fixtures: a running fake API server, capwatch's own transport pointed at it,
+a factory of transports naming themselves by User-Agent, and a factory of pod views;
 and for the fake's contract tests, ``apiserver``: the same test against the fake and
 against a real kube-apiserver (tests/realkube), through :mod:`tests.kube.servers`.
 
@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes.client
 import pytest
 
+from agent.kube.access import ClusterAccess
 from agent.kube.informer import WatchPolicy
 from agent.kube.podview import PodInformer
+from agent.kube.transport import ApiTransport
 from kit.clock import SystemClock
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.rawapi import client_for
@@ -44,12 +45,10 @@ def kube_apiserver() -> Iterator[FakeKubeApiServer]:
 
 
 @pytest.fixture
-def kube_api_client(kube_apiserver: FakeKubeApiServer) -> Iterator[kubernetes.client.ApiClient]:
-    """A real ApiClient for the fake server: plain http, no auth, no urllib3 retries
-    (as ``api_client_from_environment`` configures it)."""
-    configuration = kubernetes.client.Configuration(host=kube_apiserver.url)
-    configuration.retries = False
-    client = kubernetes.client.ApiClient(configuration)
+def kube_api_client(kube_apiserver: FakeKubeApiServer) -> Iterator[ApiTransport]:
+    """capwatch's transport to the fake server: plain http, no auth (as
+    ``api_transport`` builds it from a kubeconfig naming the fake)."""
+    client = ApiTransport(ClusterAccess(server=kube_apiserver.url), user_agent="test")
     yield client
     client.close()
 
@@ -59,7 +58,7 @@ _POLICY_FIELDS = {field.name for field in dataclasses.fields(WatchPolicy)}
 
 
 @pytest.fixture
-def make_view(kube_api_client: kubernetes.client.ApiClient) -> Iterator[ViewFactory]:
+def make_view(kube_api_client: ApiTransport) -> Iterator[ViewFactory]:
     """Build (and by default start) views on ``node-a`` with test-sized timings;
     every view is closed after the test."""
     views: list[PodInformer] = []
@@ -74,7 +73,7 @@ def make_view(kube_api_client: kubernetes.client.ApiClient) -> Iterator[ViewFact
         }
         settings: dict[str, Any] = {
             "node_name": NODE,
-            "api_client": kube_api_client,
+            "transport": kube_api_client,
             "clock": SystemClock(),
             "rng": random.Random(7),
         }
@@ -91,16 +90,16 @@ def make_view(kube_api_client: kubernetes.client.ApiClient) -> Iterator[ViewFact
         view.close()
 
 
-ClientFactory = Callable[[str], kubernetes.client.ApiClient]
+ClientFactory = Callable[[str], ApiTransport]
 
 
 @pytest.fixture
 def make_client(kube_apiserver: FakeKubeApiServer) -> Iterator[ClientFactory]:
-    """Real ApiClients for the fake, each naming itself by the User-Agent given;
+    """Transports to the fake, each naming itself by the User-Agent given;
     all closed after the test."""
-    clients: list[kubernetes.client.ApiClient] = []
+    clients: list[ApiTransport] = []
 
-    def factory(user_agent: str) -> kubernetes.client.ApiClient:
+    def factory(user_agent: str) -> ApiTransport:
         client = client_for(kube_apiserver, user_agent=user_agent)
         clients.append(client)
         return client

@@ -1,8 +1,8 @@
-"""Raw API calls as controller/kube.py makes them: ``ApiClient.param_serialize`` and
-``call_api`` with JSON bodies and raw JSON answers, and watch streams read line by line.
+"""Raw API calls as controller/kube.py makes them: :class:`ApiTransport` requests with
+JSON bodies and raw JSON answers, and watch streams read line by line.
 
-For the fake API server's own tests: every request goes through the real client's
-configuration, headers (User-Agent), serialization and connection pool.
+For the fake API server's own tests: every request goes through capwatch's own
+transport: its headers (User-Agent, credentials) and connection pool.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import kubernetes.client
-
+from agent.kube.access import ClusterAccess
+from agent.kube.transport import ApiTransport
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 SMP = "application/strategic-merge-patch+json"
@@ -30,13 +30,9 @@ class Reachable(Protocol):
     def url(self) -> str: ...
 
 
-def client_for(server: FakeKubeApiServer, *, user_agent: str) -> kubernetes.client.ApiClient:
-    """A real ApiClient for the fake, retries off, naming itself ``user_agent``."""
-    configuration = kubernetes.client.Configuration(host=server.url)
-    configuration.retries = False
-    client = kubernetes.client.ApiClient(configuration)
-    client.user_agent = user_agent
-    return client
+def client_for(server: FakeKubeApiServer, *, user_agent: str) -> ApiTransport:
+    """capwatch's transport to the fake, naming itself ``user_agent``."""
+    return ApiTransport(ClusterAccess(server=server.url), user_agent=user_agent)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +55,7 @@ class Answer:
 
 
 def call(
-    client: kubernetes.client.ApiClient,
+    client: ApiTransport,
     method: str,
     path: str,
     *,
@@ -69,47 +65,39 @@ def call(
     timeout: float = 5.0,
 ) -> Answer:
     """One request, as controller/kube.py makes it; the answer whatever its status."""
-    _, url, headers, serialized, _ = client.param_serialize(
+    response = client.request(
         method,
         path,
-        query_params=list((query or {}).items()),
-        header_params={"Accept": "application/json", "Content-Type": content_type},
-        body=body,
-        auth_settings=["BearerToken"],
+        query=query,
+        body=None if body is None else json.dumps(body).encode(),
+        content_type=content_type,
+        timeout=(timeout, timeout),
     )
-    response = client.call_api(
-        method, url, header_params=headers, body=serialized, _request_timeout=(timeout, timeout)
-    )
-    data = response.read()
+    try:
+        data = response.data
+    finally:
+        response.release_conn()
     return Answer(
         status=response.status,
-        headers=dict(response.getheaders()),
+        headers=dict(response.headers),
         body=json.loads(data) if data else {},
     )
 
 
 class Watch:
-    """A watch stream opened through ``call_api``, read one event at a time."""
+    """A watch stream opened through the transport, read one event at a time."""
 
     def __init__(
         self,
-        client: kubernetes.client.ApiClient,
+        client: ApiTransport,
         path: str,
         query: Mapping[str, str],
         *,
         read_timeout: float = 10.0,
     ) -> None:
-        _, url, headers, _, _ = client.param_serialize(
-            "GET",
-            path,
-            query_params=[("watch", "true"), *query.items()],
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
+        self.raw = client.request(
+            "GET", path, query={"watch": "true", **query}, timeout=(5.0, read_timeout)
         )
-        response = client.call_api(
-            "GET", url, header_params=headers, _request_timeout=(5.0, read_timeout)
-        )
-        self.raw = response.response
         assert self.raw.status == 200, self.raw.status
         self._lines = self._read_lines()
 
@@ -150,7 +138,7 @@ def raw_request(
     body: bytes = b"",
     headers: Mapping[str, str] | None = None,
 ) -> Answer:
-    """A plain http.client request, for what the kubernetes client will not send (over
+    """A plain http.client request, for what the transport will not send (over
     TLS with the server's ``ssl`` context, as admin, when it has one)."""
     url = urlsplit(server.url)
     context = getattr(server, "ssl", None)

@@ -15,6 +15,7 @@ from typing import Any
 
 import kubernetes.client
 
+from agent.kube.access import ClusterAccess
 from tests.kube.servers import NAMESPACES, ApiServer, Obj, kubelet_ready, untyped
 from tests.realkube.controlplane import ControlPlane
 
@@ -44,6 +45,14 @@ class RealApiServer(ApiServer):
     @property
     def ssl(self) -> ssl.SSLContext | None:
         return self._ssl
+
+    def access(self) -> ClusterAccess:
+        return ClusterAccess(
+            server=self.url,
+            ca_pem=self.plane.ca_path.read_bytes(),
+            client_cert_pem=self.plane.pki.admin.cert.read_bytes(),
+            client_key_pem=self.plane.pki.admin.key.read_bytes(),
+        )
 
     def _configure(self, configuration: kubernetes.client.Configuration) -> None:
         configuration.ssl_ca_cert = str(self.plane.ca_path)

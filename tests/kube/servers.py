@@ -27,6 +27,8 @@ from typing import Any
 
 import kubernetes.client
 
+from agent.kube.access import ClusterAccess
+from agent.kube.transport import ApiTransport
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 Obj = dict[str, Any]
@@ -52,7 +54,7 @@ class ApiServer(abc.ABC):
     kind: str  # "fake" or "real"
 
     def __init__(self) -> None:
-        self._clients: list[kubernetes.client.ApiClient] = []
+        self._clients: list[ApiTransport | kubernetes.client.ApiClient] = []
 
     @property
     @abc.abstractmethod
@@ -63,19 +65,30 @@ class ApiServer(abc.ABC):
         """The TLS context an admin connects with (None: plain http)."""
         return None
 
-    def client(self, user_agent: str = "test") -> kubernetes.client.ApiClient:
-        """A real ApiClient, retries off, naming itself ``user_agent``; closed after the test."""
+    def client(self, user_agent: str = "test") -> ApiTransport:
+        """capwatch's own transport, as an admin, naming itself ``user_agent``; closed
+        after the test."""
+        transport = ApiTransport(self.access(), user_agent=user_agent)
+        self._clients.append(transport)
+        return transport
+
+    def library_client(self) -> kubernetes.client.ApiClient:
+        """The ``kubernetes`` package's client, as an admin: an independent reader of the
+        server's answers (its models must decode them); closed after the test."""
         configuration = kubernetes.client.Configuration(host=self.url)
         configuration.retries = False
         self._configure(configuration)
         client = kubernetes.client.ApiClient(configuration)
-        client.user_agent = user_agent
         self._clients.append(client)
         return client
 
+    def access(self) -> ClusterAccess:
+        """Where the server is and an admin's credentials (none for the fake)."""
+        return ClusterAccess(server=self.url)
+
     @abc.abstractmethod
     def _configure(self, configuration: kubernetes.client.Configuration) -> None:
-        """Authentication, for servers that want it."""
+        """Authentication of the library's client, for servers that want it."""
 
     def close(self) -> None:
         for client in self._clients:

@@ -8,6 +8,7 @@ from typing import Any
 
 from agent.kube.client import KubernetesPodRequests
 from agent.kube.podview import PodInformer
+from agent.kube.transport import ApiTransport
 from kit.errors import PodViewError
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
@@ -44,9 +45,9 @@ def wait_watching(server: FakeKubeApiServer, view: PodInformer) -> None:
 
 
 def kube_pod_view(
-    *, node_name: str, api_client: Any, namespace: str | None = None, **rest: Any
+    *, node_name: str, transport: ApiTransport, namespace: str | None = None, **rest: Any
 ) -> PodInformer:
-    """The agent's pod view over the real ``kubernetes`` client, as agent/assembly.py
-    builds it (``rest``: the informer's clock, policy and rng)."""
-    requests = KubernetesPodRequests(api_client, node_name=node_name, namespace=namespace)
+    """The agent's pod view over capwatch's transport, as agent/assembly.py builds it
+    (``rest``: the informer's clock, policy and rng)."""
+    requests = KubernetesPodRequests(transport, node_name=node_name, namespace=namespace)
     return PodInformer(node_name=node_name, requests=requests, **rest)

@@ -1,4 +1,4 @@
-"""The agent's claims view over the real ``kubernetes`` client (agent/kube/claims.py): the
+"""The agent's claims view over capwatch's transport (agent/kube/claims.py): the
 claims this node's pods name, read by name and kept; this node's ResourceSlices by
 list+watch; no request per steady snapshot; never a list of claims; resource.k8s.io/v1
 appearing and disappearing while the agent runs; and the probe that tells it served."""
@@ -8,18 +8,19 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 
-import kubernetes.client
 import pytest
 
 from agent.dra.claims import ClaimProblemKind, ClaimsSnapshot
 from agent.kube.claims import RESOURCE_API, SLICES_PATH, NodeClaims
 from agent.kube.client import CollectionRequests, ObjectRequests, group_version_served
 from agent.kube.informer import WatchPolicy
+from agent.kube.transport import ApiTransport
 from agent.pods import PodInfo, PodRef, PodSnapshot
 from kit.clock import SystemClock
 from kit.errors import PodViewError
 from tests.claims_objects import NODE, POD, UUIDS, capwatch, claim, power_cap, slice_of
 from tests.fakes.kube_apiserver import FakeKubeApiServer
+from tests.kube.rawapi import client_for
 from tests.kube.support import wait_until
 
 ViewFactory = Callable[..., NodeClaims]
@@ -33,7 +34,7 @@ def pods(*using: tuple[PodRef, tuple[str, ...]]) -> PodSnapshot:
 
 @pytest.fixture
 def make_claims(
-    kube_apiserver: FakeKubeApiServer, kube_api_client: kubernetes.client.ApiClient
+    kube_apiserver: FakeKubeApiServer, kube_api_client: ApiTransport
 ) -> Iterator[ViewFactory]:
     views: list[NodeClaims] = []
 
@@ -184,7 +185,7 @@ def test_resource_api_appearing_and_going_while_the_agent_runs(
 
 
 def test_the_probe_tells_a_server_with_and_without_resource_api(
-    kube_api_client: kubernetes.client.ApiClient,
+    kube_api_client: ApiTransport,
 ):
     """group_version_served: True where resource.k8s.io/v1 is served, False on a server
     that answers 404 (before 1.34), None when the server cannot be reached."""
@@ -192,16 +193,14 @@ def test_the_probe_tells_a_server_with_and_without_resource_api(
     old = FakeKubeApiServer(resource_api=False)
     old.start()
     try:
-        config = kubernetes.client.Configuration(host=old.url)
-        config.retries = False
-        with kubernetes.client.ApiClient(config) as client:
-            assert group_version_served(client, RESOURCE_API, timeout=5) is False
+        client = client_for(old, user_agent="test")
+        assert group_version_served(client, RESOURCE_API, timeout=5) is False
+        client.close()
     finally:
         old.stop()
-    config = kubernetes.client.Configuration(host=old.url)  # stopped: refused
-    config.retries = False
-    with kubernetes.client.ApiClient(config) as client:
-        assert group_version_served(client, RESOURCE_API, timeout=5) is None
+    refused = client_for(old, user_agent="test")  # a new connection to a stopped server
+    assert group_version_served(refused, RESOURCE_API, timeout=5) is None
+    refused.close()
 
 
 def test_a_change_of_this_nodes_slices_nudges_the_agent(

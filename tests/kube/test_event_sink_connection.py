@@ -32,7 +32,7 @@ def test_successive_events_share_one_connection_and_all_succeed(
     also when each answer's body comes a little after its headers."""
     kube_apiserver.delay_bodies(0.1)
     sink = KubernetesEventSink(
-        api_client=make_client("capwatch-agent/node-a"), node_name="node-a", clock=SystemClock()
+        transport=make_client("capwatch-agent/node-a"), node_name="node-a", clock=SystemClock()
     )
     for i in range(3):
         sink.post(

@@ -1,11 +1,11 @@
-"""KubernetesEventSink: pod Events created through the real client on the fake API server."""
+"""KubernetesEventSink: pod Events created through capwatch's transport on the fake API server."""
 
 from __future__ import annotations
 
-import kubernetes.client
 import pytest
 
 from agent.kube.client import KubernetesEventSink
+from agent.kube.transport import ApiTransport
 from agent.podevents import EventSinkError, EventType, PodEvent
 from agent.pods import PodRef
 from kit.clock import FakeClock
@@ -15,14 +15,14 @@ POD = PodRef(namespace="ml", name="trainer", uid="aaaaaaaa-0000-4000-8000-000000
 EVENT = PodEvent(pod=POD, type=EventType.WARNING, reason="PowerCapClamped", message="m")
 
 
-def sink(client: kubernetes.client.ApiClient) -> KubernetesEventSink:
+def sink(client: ApiTransport) -> KubernetesEventSink:
     return KubernetesEventSink(
-        api_client=client, node_name="node-a", clock=FakeClock(), request_timeout=5.0
+        transport=client, node_name="node-a", clock=FakeClock(), request_timeout=5.0
     )
 
 
 def test_an_event_is_created_in_the_pods_namespace(
-    kube_apiserver: FakeKubeApiServer, kube_api_client: kubernetes.client.ApiClient
+    kube_apiserver: FakeKubeApiServer, kube_api_client: ApiTransport
 ) -> None:
     """POST /api/v1/namespaces/ml/events with the pod as involved object; the server names it."""
     sink(kube_api_client).post(EVENT)
@@ -39,7 +39,7 @@ def test_an_event_is_created_in_the_pods_namespace(
 
 @pytest.mark.parametrize("code", [403, 500, 429])
 def test_a_refusal_is_an_event_sink_error(
-    kube_apiserver: FakeKubeApiServer, kube_api_client: kubernetes.client.ApiClient, code: int
+    kube_apiserver: FakeKubeApiServer, kube_api_client: ApiTransport, code: int
 ) -> None:
     """Forbidden (no RBAC for events), server errors and throttling become EventSinkError,
     naming the pod; nothing is created."""
@@ -50,7 +50,7 @@ def test_a_refusal_is_an_event_sink_error(
 
 
 def test_an_unreachable_api_server_is_an_event_sink_error(
-    kube_apiserver: FakeKubeApiServer, kube_api_client: kubernetes.client.ApiClient
+    kube_apiserver: FakeKubeApiServer, kube_api_client: ApiTransport
 ) -> None:
     """A connection refused is reported the same way, not raised as a urllib3 error."""
     kube_apiserver.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import kubernetes.client
@@ -18,7 +19,7 @@ import kubernetes.watch
 import pytest
 
 from tests.fakes.kube_apiserver import FakeKubeApiServer
-from tests.kube.rawapi import Watch
+from tests.kube.rawapi import Watch, client_for
 from tests.kube.servers import ApiServer
 from tests.kube.support import NODE, OTHER_NODE
 
@@ -26,12 +27,16 @@ SELECTOR = f"spec.nodeName={NODE}"
 
 
 @pytest.fixture
-def core(kube_api_client: kubernetes.client.ApiClient) -> kubernetes.client.CoreV1Api:
-    return kubernetes.client.CoreV1Api(kube_api_client)
+def core(kube_apiserver: FakeKubeApiServer) -> Iterator[kubernetes.client.CoreV1Api]:
+    """The ``kubernetes`` package's client for the fake: its models must decode the answers."""
+    configuration = kubernetes.client.Configuration(host=kube_apiserver.url)
+    configuration.retries = False
+    with kubernetes.client.ApiClient(configuration) as client:
+        yield kubernetes.client.CoreV1Api(client)
 
 
 def _core(server: ApiServer) -> kubernetes.client.CoreV1Api:
-    return kubernetes.client.CoreV1Api(server.client())
+    return kubernetes.client.CoreV1Api(server.library_client())
 
 
 def _status(err: kubernetes.client.ApiException) -> dict[str, Any]:
@@ -222,7 +227,7 @@ def test_periodic_bookmarks_at_the_fakes_frequency() -> None:
     that often until 2 s before its deadline."""
     frequent = FakeKubeApiServer(bookmark_frequency=0.2)
     frequent.start()
-    client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=frequent.url))
+    client = client_for(frequent, user_agent="test")
     try:
         query = {
             "resourceVersion": str(frequent.resource_version),

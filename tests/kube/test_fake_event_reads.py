@@ -62,7 +62,7 @@ async def test_kubectl_describe_node_finds_the_controllers_events(
     other = NodeEvent(node="n2", type=EventType.NORMAL, reason="R", message="m", wall=WALL)
     await api.create_event(other, deadline_s=10)
     sink = KubernetesEventSink(
-        api_client=apiserver.client("capwatch-agent"), node_name=NODE, clock=SystemClock()
+        transport=apiserver.client("capwatch-agent"), node_name=NODE, clock=SystemClock()
     )
     sink.post(
         PodEvent(
@@ -97,7 +97,7 @@ def test_the_agents_pod_events_are_named_and_found_by_pod(apiserver: ApiServer) 
     for name in ("trainer-0", long_name):
         # A client each: the sink leaves its connection unusable (test_event_sink_connection).
         sink = KubernetesEventSink(
-            api_client=apiserver.client("capwatch-agent"), node_name=NODE, clock=SystemClock()
+            transport=apiserver.client("capwatch-agent"), node_name=NODE, clock=SystemClock()
         )
         sink.post(
             PodEvent(

@@ -56,7 +56,7 @@ def test_a_watch_from_before_the_history_is_an_error_event(
 def test_the_clients_watch_raises_410(expiring_apiserver: ApiServer) -> None:
     """kubernetes.watch.Watch turns that ERROR event into ApiException(410)."""
     old = _expired(expiring_apiserver)
-    core = kubernetes.client.CoreV1Api(expiring_apiserver.client())
+    core = kubernetes.client.CoreV1Api(expiring_apiserver.library_client())
     with pytest.raises(kubernetes.client.ApiException) as gone:
         list(
             kubernetes.watch.Watch().stream(
@@ -104,8 +104,9 @@ def test_an_expired_watch_as_an_http_410(
         client, "GET", path, query={"resourceVersion": old, "timeoutSeconds": "1", "watch": "true"}
     )
     assert (answer.status, answer.reason) == (410, "Expired")
-    core = kubernetes.client.CoreV1Api(client)
-    with pytest.raises(kubernetes.client.ApiException) as gone:
+    library = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_apiserver.url))
+    core = kubernetes.client.CoreV1Api(library)
+    with library, pytest.raises(kubernetes.client.ApiException) as gone:
         list(
             kubernetes.watch.Watch().stream(
                 core.list_pod_for_all_namespaces, resource_version=old, timeout_seconds=1

@@ -31,7 +31,7 @@ def view(apiserver: ApiServer) -> Iterator[PodInformer]:
     """The agent's pod view of ``node-a``, paging its list two pods at a time."""
     pod_view = kube_pod_view(
         node_name=NODE,
-        api_client=apiserver.client("capwatch-agent/node-a"),
+        transport=apiserver.client("capwatch-agent/node-a"),
         clock=SystemClock(),
         policy=WatchPolicy(stale_after=30, silence_bound=6, page_size=2),
         rng=random.Random(7),

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.kube.client import KubernetesPodRequests, api_client_from_environment
+from agent.kube.client import KubernetesPodRequests, api_transport
 from agent.kube.informer import WatchPolicy
 from agent.kube.podview import PodInformer
 from agent.pods import PodSnapshot
@@ -50,7 +50,7 @@ def _view(scene: Scene, node: str) -> Iterator[tuple[PodInformer, str]]:
     )
     args = scene.release.container("DaemonSet", "agent")["args"]
     namespaces = [a.split("=", 1)[1] for a in args if a.startswith("--pod-namespace=")]
-    client = api_client_from_environment(str(config))
+    client = api_transport(str(config), user_agent="test")
     view = PodInformer(
         node_name=node,
         requests=KubernetesPodRequests(

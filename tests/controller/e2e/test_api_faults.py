@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-import kubernetes.client
 import pytest
 
+from agent.kube.transport import ApiTransport
 from tests.controller.e2e.processes import Process, wait_until
 from tests.controller.e2e.support import (
     LEASE,
@@ -146,7 +146,7 @@ def test_failing_expiring_and_dropped_watches_are_survived(cluster: Cluster) -> 
 
 
 @pytest.fixture
-def rogue(cluster: Cluster) -> Iterator[kubernetes.client.ApiClient]:
+def rogue(cluster: Cluster) -> Iterator[ApiTransport]:
     """A client of the fake API server that is not a capwatch controller."""
     client = client_for(cluster.fake, user_agent="another-controller")
     yield client
@@ -154,7 +154,7 @@ def rogue(cluster: Cluster) -> Iterator[kubernetes.client.ApiClient]:
 
 
 def test_a_lease_taken_behind_the_leaders_back_ends_its_writing(
-    cluster: Cluster, rogue: kubernetes.client.ApiClient
+    cluster: Cluster, rogue: ApiTransport
 ) -> None:
     """Another replica writes itself into the Lease while the leader's renewal is in
     flight: the renewal, conditional on the resourceVersion it read, is refused 409; the
