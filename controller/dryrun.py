@@ -56,23 +56,14 @@ class PrintingApi:
     ) -> list[dict[str, Any]]:
         return []  # no API server: none is in place
 
-    async def create_taint_rule(self, body: dict[str, Any], *, deadline: float) -> dict[str, Any]:
-        spec = body["spec"]
-        print(
-            f"CREATE devicetaintrules/{body['metadata']['name']} "
-            f"{json.dumps(spec['deviceSelector'], sort_keys=True)} "
-            f"{spec['taint']['key']}={spec['taint']['value']}:{spec['taint']['effect']}",
-            file=self._out,
-            flush=True,
-        )
-        return body
-
-    async def replace_taint_rule(
+    async def apply_taint_rule(
         self, name: str, body: dict[str, Any], *, deadline: float
     ) -> dict[str, Any]:
-        taint = body["spec"]["taint"]
+        spec = body["spec"]
         print(
-            f"UPDATE devicetaintrules/{name} {taint['key']}={taint['value']}:{taint['effect']}",
+            f"APPLY devicetaintrules/{name} "
+            f"{json.dumps(spec['deviceSelector'], sort_keys=True)} "
+            f"{spec['taint']['key']}={spec['taint']['value']}:{spec['taint']['effect']}",
             file=self._out,
             flush=True,
         )

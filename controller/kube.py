@@ -286,18 +286,7 @@ class KubeApi:
         """Every DeviceTaintRule matching ``label_selector`` (paged)."""
         return await self._list_all(TAINT_RULES, label_selector, deadline_s)
 
-    async def create_taint_rule(
-        self,
-        body: dict[str, Any],
-        *,
-        deadline: float | None = None,
-        deadline_s: float | None = None,
-    ) -> dict[str, Any]:
-        return await self._call(
-            "POST", TAINT_RULES, body=body, deadline=_deadline(self._clock, deadline, deadline_s)
-        )
-
-    async def replace_taint_rule(
+    async def apply_taint_rule(
         self,
         name: str,
         body: dict[str, Any],
@@ -305,10 +294,12 @@ class KubeApi:
         deadline: float | None = None,
         deadline_s: float | None = None,
     ) -> dict[str, Any]:
+        """Server-side apply of the rule (created if absent), never forced."""
         return await self._call(
-            "PUT",
+            "PATCH",
             f"{TAINT_RULES}/{name}",
             body=body,
+            content_type=APPLY,
             deadline=_deadline(self._clock, deadline, deadline_s),
         )
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from controller.conditions import AgentLink
-from controller.errors import ApiError, Conflict, DeadlinePassed, FencedOut, NotFound
+from controller.errors import ApiError, DeadlinePassed, FencedOut, FieldConflict, NotFound
 from controller.leasing import Fence
 from controller.taints import (
     DeviceTaint,
@@ -64,6 +64,7 @@ DEFAULT_BURST = 40
 REQUEST_TIMEOUT_S = 10.0
 LIST_TIMEOUT_S = 30.0
 RETRY_BACKOFF = Backoff(initial_s=0.5, max_s=60.0)
+CONFLICT_REASON = "GPUDeviceTaintRuleConflict"
 
 
 class TaintApi(Protocol):
@@ -72,15 +73,12 @@ class TaintApi(Protocol):
     ) -> list[dict[str, Any]]:
         """This release's rules. Raises ApiError."""
 
-    async def create_taint_rule(self, body: dict[str, Any], *, deadline: float) -> dict[str, Any]:
-        """Create; returns what the server stored. Raises Conflict (it exists),
-        DeadlinePassed, FencedOut, ApiError."""
-
-    async def replace_taint_rule(
+    async def apply_taint_rule(
         self, name: str, body: dict[str, Any], *, deadline: float
     ) -> dict[str, Any]:
-        """Replace (body carries the resourceVersion read). Raises NotFound, Conflict,
-        DeadlinePassed, FencedOut, ApiError."""
+        """Server-side apply under the controller's field manager, not forced (created if
+        absent); returns what the server stored. Raises FieldConflict (another manager
+        owns a field the rule sets), DeadlinePassed, FencedOut, ApiError."""
 
     async def delete_taint_rule(self, name: str, *, deadline: float) -> None:
         """Delete. Raises NotFound, DeadlinePassed, FencedOut, ApiError."""
@@ -330,8 +328,10 @@ class TaintWriter:
             self._fence.lost(str(exc))
             return
         except ApiError as exc:
-            log.warning("DeviceTaintRule %s %s failed: %s", name, action, exc)
-            self._observer.taint_written(action=action, result="failed")
+            conflict = isinstance(exc, FieldConflict)
+            if not conflict:
+                log.warning("DeviceTaintRule %s %s failed: %s", name, action, exc)
+            self._observer.taint_written(action=action, result="conflict" if conflict else "failed")
             self._queue.add_rate_limited(name, floor_s=exc.retry_after)
             return
         self._queue.forget(name)
@@ -341,17 +341,19 @@ class TaintWriter:
     async def _put(
         self, name: str, taint: DeviceTaint, placed: PlacedRule | None, deadline: float
     ) -> None:
-        body = rule_object(taint, self._policy)
         try:
-            if placed is None:
-                stored = await self._api.create_taint_rule(body, deadline=deadline)
-            else:
-                body["metadata"]["resourceVersion"] = placed.resource_version
-                stored = await self._api.replace_taint_rule(name, body, deadline=deadline)
-        except (Conflict, NotFound):
-            # Someone else's write came between (or it went): read the rules again.
-            self._placed.pop(name, None)
-            self.resume()
+            stored = await self._api.apply_taint_rule(
+                name, rule_object(taint, self._policy), deadline=deadline
+            )
+        except FieldConflict as exc:
+            # Another manager set a field of ours (an edit by hand, another tool): it
+            # keeps it. Said on the Node, retried at the backoff, never forced.
+            message = (
+                f"DeviceTaintRule {name}: {', '.join(exc.managers)} owns fields capwatch "
+                "sets; capwatch does not overwrite them"
+            )
+            log.warning("taint rule write refused: %s", message)
+            await self._events.post(taint.node, EventType.WARNING, CONFLICT_REASON, message)
             raise
         rule = placed_rule(stored)
         if rule is not None:

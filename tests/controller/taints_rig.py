@@ -19,7 +19,7 @@ from controller.conditions import (
     GpuSummary,
     NodeObservation,
 )
-from controller.errors import ApiError, Conflict, NotFound
+from controller.errors import ApiError, NotFound
 from controller.taints import Effect, TaintPolicy
 from controller.tracking import NodeState
 from controller.writes.recorder import EventRecorder
@@ -57,32 +57,19 @@ class FakeTaintApi:
         if self.failures:
             raise self.failures.pop(0)
 
-    async def create_taint_rule(self, body: dict[str, Any], *, deadline: float) -> dict[str, Any]:
-        name = body["metadata"]["name"]
-        self._fail()
-        if name in self.rules:
-            raise Conflict(f"devicetaintrules {name} already exists", status=409)
-        stored = copy.deepcopy(body)
-        stored["metadata"]["resourceVersion"] = str(next(self._versions))
-        self.rules[name] = stored
-        self.writes.append((self._clock.monotonic(), "create", name))
-        return copy.deepcopy(stored)
-
-    async def replace_taint_rule(
+    async def apply_taint_rule(
         self, name: str, body: dict[str, Any], *, deadline: float
     ) -> dict[str, Any]:
+        """As the API server applies for its only field manager: the rule as given,
+        created if absent (counted ``create``), else replaced (``update``)."""
+        assert body["metadata"]["name"] == name
+        assert "resourceVersion" not in body["metadata"]  # an apply is not conditional
         self._fail()
-        if name not in self.rules:
-            raise NotFound(f"devicetaintrules {name} not found", status=404)
-        if (
-            body["metadata"].get("resourceVersion")
-            != self.rules[name]["metadata"]["resourceVersion"]
-        ):
-            raise Conflict(f"devicetaintrules {name}: the object has been modified", status=409)
+        action = "update" if name in self.rules else "create"
         stored = copy.deepcopy(body)
         stored["metadata"]["resourceVersion"] = str(next(self._versions))
         self.rules[name] = stored
-        self.writes.append((self._clock.monotonic(), "update", name))
+        self.writes.append((self._clock.monotonic(), action, name))
         return copy.deepcopy(stored)
 
     async def delete_taint_rule(self, name: str, *, deadline: float) -> None:

@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 
+from controller.errors import FieldConflict
 from controller.taints import (
     TAINT_KEY,
     Effect,
@@ -196,6 +197,28 @@ async def test_a_failed_write_is_retried_after_its_backoff() -> None:
     await asyncio.sleep(10)
     assert rig.api.count("create") == 1
     assert rig.observer.results[:2] == [("create", "failed"), ("create", "failed")]
+    await rig.writer.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_field_another_manager_owns_is_not_forced() -> None:
+    """The rule is applied, never forced: when the API server answers that another field
+    manager owns a field capwatch sets (kubectl edit), the write counts ``conflict``, a
+    Warning Event on the Node names the owner, and the rule is tried again at its
+    backoff; once the owner lets go, it is applied (created) once."""
+    rig = Rig()
+    rig.start()
+    rig.api.failures = [
+        FieldConflict('Apply failed: conflicts with "kubectl-edit"', managers=("kubectl-edit",))
+    ]
+    rig.writer.node_changed(state("n1", [gpu(0, "xid")]))
+    await asyncio.sleep(10)
+    assert rig.observer.results == [("create", "conflict"), ("create", "ok")]
+    conflict, tainted = rig.events.events
+    assert (conflict.type.value, conflict.reason) == ("Warning", "GPUDeviceTaintRuleConflict")
+    assert "kubectl-edit owns fields capwatch sets" in conflict.message
+    assert tainted.reason == "DeviceTainted"
+    assert [a for _, a, _ in rig.api.writes] == ["create"]
     await rig.writer.stop()
 
 

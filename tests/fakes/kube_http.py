@@ -35,7 +35,7 @@ from tests.fakes.kube_events import EVENT_FIELDS, EventsEndpoint
 from tests.fakes.kube_faults import WATCH_KINDS, CutOff, RequestKind, RequestRecord
 from tests.fakes.kube_leases import GROUP, LeasesEndpoint
 from tests.fakes.kube_lists import ListEndpoint
-from tests.fakes.kube_nodes import NODE_FIELDS, NodesEndpoint
+from tests.fakes.kube_nodes import APPLY, NODE_FIELDS, NodesEndpoint
 from tests.fakes.kube_pods import POD_FIELDS
 from tests.fakes.kube_resources import (
     CLAIM_FIELDS,
@@ -234,7 +234,7 @@ class Handler(
             case ["apis", "resource.k8s.io", "v1", "devicetaintrules", name] if fake.taint_rules:
                 rules = fake.taint_rules
                 return {
-                    "PUT": ("taint_rule", lambda: self._replace_rule(rules, name, raw)),
+                    "PATCH": ("taint_rule", lambda: self._apply_rule(rules, name, query, raw)),
                     "DELETE": ("taint_rule", lambda: self._delete_rule(rules, name)),
                 }
             case ["apis", "resource.k8s.io", "v1", "resourceslices"] if fake.slices is not None:
@@ -262,17 +262,35 @@ class Handler(
             return
         self._send_json(201, typed(stored, rules.kind, rules.api_version))
 
-    def _replace_rule(self, rules: TaintRuleStore, name: str, raw: bytes) -> None:
+    def _apply_rule(
+        self, rules: TaintRuleStore, name: str, query: dict[str, str], raw: bytes
+    ) -> None:
+        """Server-side apply as for a rule's only field manager: created if absent, else
+        its labels, annotations and spec replaced by the applied ones. Field ownership
+        is not modelled (no conflicts: a test of those uses the real server)."""
+        if self.headers.get("Content-Type") != APPLY:
+            self._send_json(415, status_body(415, "only server-side apply patches rules here"))
+            return
+        if not query.get("fieldManager"):
+            message = "PATCH, application/apply-patch+yaml requests require fieldManager"
+            self._send_json(400, status_body(400, message))
+            return
         body = json.loads(raw)
+        if body.get("metadata", {}).get("name") != name:
+            self._send_json(400, status_body(400, f"the apply body does not name {name!r}"))
+            return
         current = rules.get(("", name))
         if current is None:
-            self._send_json(404, not_found("devicetaintrules", "resource.k8s.io", name))
+            stored = rules.create(("", name), body)
+            self._send_json(201, typed(stored, rules.kind, rules.api_version))
             return
-        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            message = f'Operation cannot be fulfilled on devicetaintrules "{name}"'
-            self._send_json(409, status_body(409, message))
-            return
-        stored = rules.replace(("", name), body)
+        merged = {**current, "spec": body.get("spec", {})}
+        merged["metadata"] = {
+            **current["metadata"],
+            **{k: body["metadata"][k] for k in ("labels", "annotations") if k in body["metadata"]},
+        }
+        # As the real server: an apply that changes nothing writes nothing.
+        stored = rules.replace(("", name), merged, skip_unchanged=True)
         self._send_json(200, typed(stored, rules.kind, rules.api_version))
 
     def _delete_rule(self, rules: TaintRuleStore, name: str) -> None:

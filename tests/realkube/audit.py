@@ -57,14 +57,26 @@ class Call:
     namespace: str
     name: str
     code: int
+    message: str = ""  # the answer's Status message, for a refusal
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """The verbs this request is authorized for: its own, and ``create`` for a
+        server-side apply that creates its object (the API server asks the authorizer
+        for both; a refused create answers 403 "cannot create resource")."""
+        if self.verb == "patch" and self.code == 201:
+            return frozenset({"patch", "create"})
+        if self.verb == "patch" and self.code == 403 and "cannot create resource" in self.message:
+            return frozenset({"create"})
+        return frozenset({self.verb})
 
     def covered_by(self, grant: Grant) -> bool:
         """Whether ``grant`` is the permission this request needs (or needed)."""
-        return (self.verb, self.group, self.resource) == (
-            grant.verb,
-            grant.group,
-            grant.resource,
-        ) and (grant.namespace is None or grant.namespace == self.namespace)
+        return (
+            grant.verb in self.needs
+            and (self.group, self.resource) == (grant.group, grant.resource)
+            and (grant.namespace is None or grant.namespace == self.namespace)
+        )
 
     def __str__(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
@@ -110,5 +122,6 @@ class AuditLog:
                 namespace=ref.get("namespace", ""),
                 name=ref.get("name", ""),
                 code=int(event.get("responseStatus", {}).get("code", 0)),
+                message=str(event.get("responseStatus", {}).get("message", "")),
             )
         return list(by_id.values())

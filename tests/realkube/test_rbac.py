@@ -175,7 +175,7 @@ def _controller_round(scene: Scene, audit: AuditLog, removed: Grant | None = Non
     and the writer reads who owns it), one whose agent reports an XID on each GPU its
     driver's slice names, then their recovery. The controller creates and renews the
     Lease, writes the conditions, posts the Events, lists the release's DeviceTaintRules,
-    updates the one a former leader left, creates the other, and deletes both after the
+    applies the one a former leader left and the new one, and deletes both after the
     hold-down. Ends once that is all done, or once ``removed`` was refused."""
     user = scene.release.user("controller")
     path = f"/apis/coordination.k8s.io/v1/namespaces/{scene.namespace}/leases/{scene.lease_name()}"
@@ -222,7 +222,7 @@ def test_controller_does_its_job_with_exactly_the_rendered_rbac(
 ) -> None:
     """As its own ServiceAccount under the rendered ClusterRole and Role only, the
     controller takes the Lease, renews it, writes the conditions, posts the Events and
-    keeps the DeviceTaintRules of a faulted node (list, update, create, delete) with no
+    keeps the DeviceTaintRules of a faulted node (list, apply, delete) with no
     call refused, and every grant of both roles is used by some call of it."""
     with _scene(plane, helm, tmp_path, "controller", values=TAINT_VALUES) as scene:
         calls = _controller_round(scene, audit)
@@ -237,8 +237,8 @@ def test_each_controller_grant_is_needed(
 ) -> None:
     """Each single grant of the controller's ClusterRole and Role taken away in turn: some
     real call of the controller (a lease read, create or renewal, the node or pod list or
-    watch, the status patch, the Event, a DeviceTaintRule's list, create, update or
-    delete) is refused with 403 for exactly that grant."""
+    watch, the status patch, the Event, a DeviceTaintRule's list, apply (patch, and
+    create for a new one) or delete) is refused with 403 for exactly that grant."""
     with _scene(plane, helm, tmp_path, "controller", values=TAINT_VALUES) as scene:
         grants = scene.release.grants("controller")
         refused = _removal_rounds(
