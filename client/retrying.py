@@ -255,7 +255,6 @@ class RetryingClient:
         ``silence()`` is the longest wait for a message (None: no limit)."""
         self._check_idle()
         self._busy = True
-        closed = asyncio.ensure_future(self._closed.wait())
         attempt = 0
         try:
             while not self._closed.is_set():
@@ -265,7 +264,7 @@ class RetryingClient:
                 try:
                     while True:
                         try:
-                            message = await _read(call, closed, silence())
+                            message = await self._read(call, silence())
                         except grpc.aio.AioRpcError as exc:
                             code: grpc.StatusCode | None = exc.code()
                             error = describe(exc)
@@ -297,12 +296,54 @@ class RetryingClient:
                 yield (lost := self._lost(code, error, attempt, malformed=malformed))
                 attempt += 1
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(closed), lost.retry_in)
+                    await asyncio.wait_for(self._closed.wait(), lost.retry_in)
         finally:
-            closed.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await closed
             self._busy = False
+
+    async def _read(self, call: Call, silence_s: float | None) -> object:
+        """The next message, grpc.aio.EOF, or _CLOSED; raises AioRpcError or _Silent.
+
+        Read in the iterating task itself, not in a task of its own raced against the
+        close and a timeout: at 5,000 followed nodes those were two tasks, their
+        coroutines, contexts and wait sets a node, some 10 MiB. A silence timer and
+        :meth:`close` cancel the call instead, and the read ends with the call."""
+        if self._closed.is_set():
+            return _CLOSED
+        silent = False
+
+        def expire() -> None:
+            nonlocal silent
+            silent = True
+            call.cancel()
+
+        timer = None
+        if silence_s is not None and not math.isinf(silence_s):
+            timer = asyncio.get_running_loop().call_later(silence_s, expire)
+        try:
+            message = await call.read()
+        except (asyncio.CancelledError, grpc.aio.AioRpcError) as exc:
+            # A locally cancelled call's read raises CancelledError (or, its status in
+            # already, CANCELLED); this task's own cancellation passes through.
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
+                raise
+            if self._closed.is_set():
+                return _CLOSED
+            if silent:
+                raise _Silent(f"no message for {silence_s:g}s; presuming the stream dead") from None
+            if isinstance(exc, asyncio.CancelledError):
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.CANCELLED,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    details="the call was cancelled",
+                ) from None
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        # A message that arrived as the client closed is not delivered.
+        return _CLOSED if self._closed.is_set() else message
 
     def _dropped(self, exc: MalformedMessage) -> str:
         """Why a stream was dropped for a malformed message, said once (throttled)."""
@@ -346,31 +387,6 @@ def checked_heartbeat(period_s: float | None) -> float | None:
 def silence_after(period_s: float | None) -> float | None:
     """How long a stream with heartbeats every ``period_s`` may stay silent (None: unknown)."""
     return None if period_s is None else SILENT_PERIODS * period_s + SILENT_MARGIN_S
-
-
-async def _read(call: Call, closed: asyncio.Future[Any], silence_s: float | None) -> object:
-    """The next message, grpc.aio.EOF, or _CLOSED; raises AioRpcError or _Silent."""
-    if closed.done():
-        return _CLOSED
-    read = asyncio.ensure_future(call.read())
-    try:
-        done, _ = await asyncio.wait(
-            {read, closed},
-            timeout=None if silence_s is None or math.isinf(silence_s) else silence_s,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-    finally:
-        if not read.done():
-            call.cancel()
-            read.cancel()
-        # Collect its outcome here, so no failure goes unretrieved when closing.
-        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-            await read
-    if closed in done:  # close() also cancels the call: the read may have ended too
-        return _CLOSED
-    if read in done:
-        return read.result()
-    raise _Silent(f"no message for {silence_s:g}s; presuming the stream dead")
 
 
 async def _end(call: Call, channel: grpc.aio.Channel | None) -> None:

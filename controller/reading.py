@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
+from dataclasses import replace
 
 from api.gen.capwatch.v1 import node_health_pb2 as pb
 from controller.conditions import CycleSummary, GpuSummary
@@ -100,7 +101,20 @@ def cycle_summary(
 
 
 def merged(table: tuple[GpuSummary, ...], update: Iterable[GpuSummary]) -> tuple[GpuSummary, ...]:
-    """Every GPU as its latest report says: ``table`` with ``update``'s GPUs replaced."""
+    """Every GPU as its latest report says: ``table`` with ``update``'s GPUs replaced.
+
+    A GPU the update reports as the table already has it keeps the table's object: a
+    cycle every 15 s mostly repeats the last, and its copies would otherwise live on in
+    whatever still holds the previous state (5,000 nodes x 8 GPUs: about 4 MiB)."""
     by_index = {g.index: g for g in table}
-    by_index.update((g.index, g) for g in update)
+    for gpu in update:
+        if by_index.get(gpu.index) != gpu:
+            by_index[gpu.index] = gpu
     return tuple(by_index[i] for i in sorted(by_index))
+
+
+def sharing(cycle: CycleSummary, table: tuple[GpuSummary, ...]) -> CycleSummary:
+    """``cycle`` with each of its GPUs that ``table`` holds alike as ``table``'s object."""
+    by_index = {g.index: g for g in table}
+    gpus = tuple(g if by_index.get(g.index) != g else by_index[g.index] for g in cycle.gpus)
+    return replace(cycle, gpus=gpus)

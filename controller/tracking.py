@@ -34,7 +34,7 @@ import grpc
 
 from client.stream_events import Cycle, Disconnected, Event, Heartbeat, Snapshot
 from controller.conditions import AgentLink, Condition, NodeObservation, condition_of
-from controller.reading import cycle_age, cycle_summary, gpu_summaries, merged
+from controller.reading import cycle_age, cycle_summary, gpu_summaries, merged, sharing
 from kit.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,7 @@ class NodeTracker:
             )
             return
         self._misdirected.discard(seen.node)
+        gpus = gpu_summaries(snapshot.devices)
         cycle = None
         if snapshot.HasField("last_cycle"):
             cycle = cycle_summary(
@@ -182,8 +183,8 @@ class NodeTracker:
                 link_malformed=False,
                 instance_id=snapshot.agent_instance_id,
                 stale_after_s=snapshot.stale_after.ToTimedelta().total_seconds() or None,
-                cycle=cycle,
-                gpus=gpu_summaries(snapshot.devices),
+                cycle=None if cycle is None else sharing(cycle, gpus),
+                gpus=gpus,
             ),
             cycle_end_at=None if cycle is None else cycle.finished_at,
         )
@@ -197,14 +198,15 @@ class NodeTracker:
             age_s=cycle_age(event.cycle.readiness),
             received_at=event.received_at,
         )
+        gpus = merged(seen.gpus, cycle.gpus)
         self._update(
             replace(
                 seen,
                 link=AgentLink.CONNECTED,
                 link_error="",
                 link_malformed=False,
-                cycle=cycle,
-                gpus=merged(seen.gpus, cycle.gpus),
+                cycle=sharing(cycle, gpus),
+                gpus=gpus,
             ),
             cycle_end_at=cycle.finished_at,
         )

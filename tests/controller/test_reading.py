@@ -4,12 +4,13 @@ cycle placed on this process's monotonic clock, and the merged per-GPU table."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 import pytest
 
 from api.gen.capwatch.v1 import node_health_pb2 as pb
 from controller.conditions import GpuSummary
-from controller.reading import cycle_age, cycle_summary, gpu_summaries, merged
+from controller.reading import cycle_age, cycle_summary, gpu_summaries, merged, sharing
 from tests.controller.builders import device, failed_device, gpu, readiness, report
 
 
@@ -135,6 +136,25 @@ def test_merged_replaces_by_index_and_keeps_the_rest() -> None:
     assert result[2] is table[2]
     assert merged(table, []) == table
     assert merged((), [gpu(3), gpu(1)]) == (gpu(1), gpu(3))
+
+
+def test_a_gpu_reported_as_before_keeps_its_object_and_the_cycle_shares_it() -> None:
+    """A cycle repeating the last one's GPU leaves the table's object in place (not a
+    copy every 15 s), a changed GPU takes the new one, and the cycle's own GPUs are the
+    table's objects where they are alike, its own where they differ."""
+    table = gpu_summaries([device(0), device(1)])
+    message = report(3, devices=[device(0), failed_device(1)])
+    cycle = cycle_summary(message, devices=message.devices, age_s=0.0, received_at=1.0)
+    fresh = cycle.gpus[0]
+    assert fresh == table[0]
+    assert fresh is not table[0]
+    result = merged(table, [fresh, cycle.gpus[1]])
+    assert result[0] is table[0]
+    assert result[1] is cycle.gpus[1]
+    shared = sharing(replace(cycle, gpus=(fresh, cycle.gpus[1])), result)
+    assert shared.gpus[0] is table[0]
+    assert shared.gpus[1] is cycle.gpus[1]
+    assert sharing(cycle, (gpu(1, outcome="idle"),)).gpus[1] is cycle.gpus[1]
 
 
 def test_device_faults_come_across_by_their_summaries_and_categories() -> None:
