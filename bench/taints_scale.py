@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
           f"the recovery (hold-down {args.hold_down:g} s)")  # fmt: skip
     print(f"  writes: {dict(sorted(by_kind.items()))}")
     rule_writes = sum(n for kind, n in by_kind.items() if "devicetaint" in kind)
-    print(f"  rule writes {rule_writes} for {2 * gpus} changes (one create and one delete "
-          f"per GPU): {rule_writes / (2 * gpus):.2f} per change")  # fmt: skip
+    per_change = rule_writes / (2 * gpus)
+    print(f"  rule writes {rule_writes} for {2 * gpus} changes (one apply, which creates "
+          f"the rule, and one delete per GPU): {per_change:.2f} per change")  # fmt: skip
     print(f"  peak rule writes in one second: {max(per_second.values())} "
           f"(the writer's limit: {DEFAULT_QPS:g}/s, bursts of {DEFAULT_BURST})")  # fmt: skip
     return 0
