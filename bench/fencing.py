@@ -70,7 +70,8 @@ def trials(
                     f"refused {trial.refused_after}; left after their deadline "
                     f"{trial.left_after_deadline}, on the wire at the freeze "
                     f"{trial.in_flight_at_freeze}, dropped {trial.dropped}; stale nodes "
-                    f"{trial.stale}; takeover {trial.took_over_s:.1f} s",
+                    f"{trial.stale}, not yet reached by the new leader {trial.behind}; "
+                    f"takeover {trial.took_over_s:.1f} s",
                     flush=True,
                 )
                 for late in trial.late:

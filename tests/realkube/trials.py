@@ -7,7 +7,10 @@ rest of its writes queued or in flight. The standby takes the Lease over and wri
 then the old leader is thawed (SIGCONT). What it sends after the takeover is a write
 by a replica that no longer holds the Lease: the audit log says, for each, whether
 the API server admitted it. Afterwards every node's condition must be what the new
-leader wrote (nothing stale from the old one left on top).
+leader wrote (nothing stale from the old one left on top). A node the new leader has
+not reached yet (its streams to a pool just started reconnect with backoff) is not
+stale: it is counted apart, as ``behind``, since it says how fast the new leader is,
+not whether fencing held.
 
 What left the old leader after its deadline: every write of the old leader's that
 the API server received after the thaw left the process after it resumed, so after
@@ -128,6 +131,9 @@ class Trial:
     late: tuple[str, ...] = ()
     # The conditions the stale nodes carried, and how many of each.
     stale_seen: tuple[str, ...] = ()
+    # Nodes not yet carrying the expected condition whose last write of the trial was
+    # not the old leader's: the new leader had not reached them when the count was taken.
+    behind: int = 0
 
 
 @dataclass
@@ -162,16 +168,12 @@ class Pair:
 
         wait_until(settled, timeout=timeout, what=f"every node {want}")
 
-    def stale(self) -> int:
+    def wrong(self) -> dict[str, tuple[str, str] | None]:
+        """The nodes not carrying the condition the pool's state calls for, and what
+        they carry instead."""
         want = self.expected()
-        return sum(1 for node in self.nodes if self._key(node) != want)
-
-    def stale_seen(self) -> tuple[str, ...]:
-        want = self.expected()
-        found = collections.Counter(
-            str(key) for node in self.nodes if (key := self._key(node)) != want
-        )
-        return tuple(f"{key} x{count}" for key, count in sorted(found.items()))
+        keys = {node: self._key(node) for node in self.nodes}
+        return {node: key for node, key in keys.items() if key != want}
 
     def _key(self, node: str) -> tuple[str, str] | None:
         found = self.scene.condition(node)
@@ -212,8 +214,11 @@ class Pair:
             os.kill(process.popen.pid, signal.SIGCONT)
         time.sleep(settle_s)  # what the old leader had queued or in flight lands, or not
         dropped_after = expired_writes(process)
-        stale = self.stale()  # before the new leader corrects what it sees on its watch
-        stale_seen = self.stale_seen() if stale else ()
+        wrong = self.wrong()  # before the new leader corrects what it sees on its watch
+        # Read after the conditions: every write the read saw has completed, so is logged.
+        last = last_condition_writer(audited(self.audit, mark, user))
+        stale = {node: key for node, key in wrong.items() if last.get(node) == old}
+        found = collections.Counter(str(key) for key in stale.values())
         self.wait_settled()
         calls = audited(self.audit, mark, user)
         taken = min(
@@ -229,7 +234,7 @@ class Pair:
             leader=old,
             admitted_after=sum(1 for c in late if c.admitted),
             refused_after=sum(1 for c in late if c.code == 403),
-            stale=stale,
+            stale=len(stale),
             took_over_s=took_over,
             left_after_deadline=len(sent_late),
             applied_after_deadline=sum(1 for c in sent_late if 200 <= c.code < 300),
@@ -243,8 +248,23 @@ class Pair:
                 f"after the thaw, answered {(c.done - c.received).total_seconds():.3f}s later"
                 for c in sent_late
             ),
-            stale_seen=stale_seen,
+            stale_seen=tuple(f"{key} x{count}" for key, count in sorted(found.items())),
+            behind=len(wrong) - len(stale),
         )
+
+
+def last_condition_writer(calls: list[Audited]) -> dict[str, str]:
+    """Per node, the pod whose admitted condition write completed last among ``calls``."""
+    last: dict[str, Audited] = {}
+    for call in calls:
+        condition = call.resource == "nodes" and call.subresource == "status"
+        if (
+            condition
+            and call.admitted
+            and (call.name not in last or call.done >= last[call.name].done)
+        ):
+            last[call.name] = call
+    return {node: call.pod for node, call in last.items()}
 
 
 EXPIRED = re.compile(
