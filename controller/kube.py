@@ -51,9 +51,9 @@ import urllib3
 import urllib3.connection
 import urllib3.exceptions
 
-from agent.kube.client import TRANSIENT, api_transport
+from agent.kube.client import api_transport
 from agent.kube.transport import ApiTransport
-from agent.kube.wire import retry_after_seconds, status_message
+from agent.kube.wire import APPLY, TRANSIENT, retry_after_seconds, status_message
 from controller.conditions import CONDITION_TYPE, NodeCondition
 from controller.errors import (
     FENCING_MARK,
@@ -85,7 +85,6 @@ NODES = "/api/v1/nodes"
 PAGE_SIZE = 500  # objects per page of a list
 COMPONENT = "capwatch-controller"
 SMP = "application/strategic-merge-patch+json"
-APPLY = "application/apply-patch+yaml"  # JSON is YAML: the body is sent as JSON
 _WRITES = frozenset({"POST", "PUT", "PATCH"})
 # "Apply failed with 2 conflicts: conflicts with \"kubectl-edit\" with subresource ..."
 _CONFLICTING = re.compile(r'conflicts? with "([^"]+)"')

@@ -11,7 +11,6 @@ only untyped values are the decoded JSON mappings. An HTTP error status leaves a
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 
@@ -20,21 +19,18 @@ import urllib3.exceptions
 
 from agent.kube.access import from_environment
 from agent.kube.transport import ApiTransport
-from agent.kube.wire import ApiStatusError, read_json, retry_after_seconds, status_message
+from agent.kube.wire import (
+    TRANSIENT,
+    ApiStatusError,
+    read_json,
+    retry_after_seconds,
+    status_message,
+)
 from agent.podevents import EventSinkError, PodEvent, event_body
 from kit.clock import Clock
 from kit.errors import CapwatchError
 
 logger = logging.getLogger(__name__)
-
-# What a request can fail with, short of a bug and of an HTTP answer: transport
-# errors (urllib3, sockets, http.client framing), undecodable bodies.
-TRANSIENT = (
-    urllib3.exceptions.HTTPError,
-    OSError,
-    http.client.HTTPException,
-    ValueError,
-)
 
 
 def api_transport(kubeconfig: str | None, *, user_agent: str) -> ApiTransport:

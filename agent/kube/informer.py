@@ -36,7 +36,6 @@ here with :mod:`agent.kube.wire`. The agent's pod view is built on this in
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import random
@@ -49,6 +48,7 @@ import urllib3
 import urllib3.exceptions
 
 from agent.kube.wire import (
+    TRANSIENT,
     ApiStatusError,
     as_mapping,
     read_json,
@@ -66,16 +66,9 @@ MIN_SILENCE_BOUND_S = 2.0
 
 _GONE = 410
 
-# What a request to the API server can fail with, short of a bug: HTTP errors,
-# transport errors (urllib3, sockets, http.client framing) and undecodable
-# bodies (ValueError covers json.JSONDecodeError).
-_TRANSIENT = (
-    ApiStatusError,
-    urllib3.exceptions.HTTPError,
-    OSError,
-    http.client.HTTPException,
-    ValueError,
-)
+# What a request to the API server can fail with, short of a bug: an HTTP error
+# answer, or what wire.TRANSIENT names.
+_TRANSIENT = (ApiStatusError, *TRANSIENT)
 
 
 class ListWatchRequests(Protocol):

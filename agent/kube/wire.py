@@ -9,6 +9,7 @@ exception types.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import math
@@ -16,11 +17,25 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import urllib3
+import urllib3.exceptions
 
 from agent.pods import PodInfo, PodRef
 from kit.errors import CapwatchError
 
 logger = logging.getLogger(__name__)
+
+# Server-side apply's content type; JSON is YAML, so the body is sent as JSON.
+APPLY = "application/apply-patch+yaml"
+
+# What a request can fail with, short of a bug and of an HTTP answer: transport
+# errors (urllib3, sockets, http.client framing), undecodable bodies (ValueError
+# covers json.JSONDecodeError).
+TRANSIENT = (
+    urllib3.exceptions.HTTPError,
+    OSError,
+    http.client.HTTPException,
+    ValueError,
+)
 
 
 class ApiStatusError(CapwatchError):

@@ -143,6 +143,18 @@ def compacting_plane(
     yield from _plane(tmp_path_factory, realkube_binaries, "compacting", "--watch-cache=false")
 
 
+@pytest.fixture
+def real(contract_plane: ControlPlane) -> Iterator[RealApiServer]:
+    """The real kube-apiserver alone (what the fake cannot model: field ownership,
+    the API's own validation), cleaned after the test."""
+    server = RealApiServer(contract_plane)
+    try:
+        yield server
+    finally:
+        server.close()
+        server.clean()
+
+
 def _server(request: pytest.FixtureRequest, plane_fixture: str) -> Iterator[ApiServer]:
     server: ApiServer
     if request.param == "fake":

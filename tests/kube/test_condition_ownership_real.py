@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,23 +22,12 @@ from tests.controller.fakes import FakeEventApi, ManualFence
 from tests.controller.writing_rig import Observer
 from tests.kube.rawapi import call
 from tests.kube.realserver import RealApiServer
-from tests.realkube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.timeout(120)
 
 NODE_STATUS = "/api/v1/nodes/{}/status"
 SMP = "application/strategic-merge-patch+json"
 APPLY = "application/apply-patch+yaml"
-
-
-@pytest.fixture
-def real(contract_plane: ControlPlane) -> Iterator[RealApiServer]:
-    server = RealApiServer(contract_plane)
-    try:
-        yield server
-    finally:
-        server.close()
-        server.clean()
 
 
 def _state(node: str, status: ConditionStatus, reason: ConditionReason) -> NodeState:

@@ -4,8 +4,6 @@ to it, and is refused, not forced, once another field manager owns a field it se
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from controller.errors import FieldConflict
@@ -13,21 +11,10 @@ from controller.kube import TAINT_RULES, KubeApi
 from controller.taints import DeviceTaint, Effect, TaintPolicy, rule_object
 from tests.kube.rawapi import call
 from tests.kube.realserver import RealApiServer
-from tests.realkube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.timeout(120)
 
 POLICY = TaintPolicy(release="ssa")
-
-
-@pytest.fixture
-def real(contract_plane: ControlPlane) -> Iterator[RealApiServer]:
-    server = RealApiServer(contract_plane)
-    try:
-        yield server
-    finally:
-        server.close()
-        server.clean()
 
 
 def _taint(effect: Effect) -> DeviceTaint:
