@@ -10,7 +10,6 @@ command line prints as one line before exiting 2.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from kit.flags import (
     LOG_FORMAT_OPTION,
     LogFormat,
     Option,
+    absolute_path,
     add_options,
     boolean,
     enum_choice,
@@ -34,8 +34,9 @@ from kit.flags import (
     positive_float,
     read_options,
     release_name,
+    writable_directory,
 )
-from kit.names import is_dns_subdomain, node_name
+from kit.names import is_dns_label, is_dns_subdomain, node_name
 
 DEFAULT_INTERVAL_S = 15.0
 # How long the pod watch may deliver nothing before the view counts as not
@@ -84,6 +85,8 @@ class AgentSettings:
     pod_events: bool  # Events on owner pods (Kubernetes pod view only)
     dra_claims: bool  # caps from DRA ResourceClaims (Kubernetes pod view only)
     dra_uuid_attribute: str  # the ResourceSlice device attribute holding the GPU UUID
+    dra_sim_driver: bool  # sim only: serve as the DRA driver sim.capwatch.io
+    kubelet_dir: Path  # the kubelet's --root-dir: the sim driver's sockets go under it
     pod_silence_bound_s: float  # a silent pod watch is not trusted for longer
     shutdown_grace_s: float
     xid_policy: XidPolicy  # which XIDs are device faults
@@ -151,11 +154,9 @@ def _node_name(flag: str, text: str) -> str | None:
 
 
 def _namespace(flag: str, text: str) -> str | None:
-    if not text:
-        return None
-    if len(text) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", text):
+    if text and not is_dns_label(text):
         raise ConfigError(flag, f"not a valid namespace name: {text!r}")
-    return text
+    return text or None
 
 
 def _pod_name(flag: str, text: str) -> str | None:
@@ -336,8 +337,8 @@ _OPTIONS = (
         default="true",
         convert=boolean,
         help="take caps from DRA ResourceClaims allocated on this node (a capwatch.io "
-        "PowerCap config; docs/claims.md): list+watch of resourceclaims and of this node's "
-        "resourceslices (the sim backend: the scenario's claims)",
+        "PowerCap config; docs/claims.md): get of the claims this node's pods name, "
+        "list+watch of this node's resourceslices (the sim backend: the scenario's claims)",
     ),
     Option(
         flag="--dra-uuid-attribute",
@@ -346,6 +347,23 @@ _OPTIONS = (
         convert=_attribute_name,
         help="the ResourceSlice device attribute that holds a GPU's UUID (the NVIDIA DRA "
         "driver's: uuid)",
+    ),
+    Option(
+        flag="--dra-sim-driver",
+        env="CAPWATCH_DRA_SIM_DRIVER",
+        default="false",
+        convert=boolean,
+        help="sim backend only: be the DRA driver sim.capwatch.io for the simulated GPUs "
+        "(publish their ResourceSlice, register with the kubelet, prepare claims, serve it "
+        "the health mirror; docs/dra-health.md)",
+    ),
+    Option(
+        flag="--kubelet-dir",
+        env="CAPWATCH_KUBELET_DIR",
+        default="/var/lib/kubelet",
+        convert=absolute_path,
+        help="the kubelet's root directory: --dra-sim-driver's sockets go in its "
+        "plugins_registry and plugins directories",
     ),
     Option(
         flag="--pod-silence-bound",
@@ -421,6 +439,8 @@ def agent_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) ->
         pod_events=values["pod_events"],
         dra_claims=values["dra_claims"],
         dra_uuid_attribute=values["dra_uuid_attribute"],
+        dra_sim_driver=values["dra_sim_driver"],
+        kubelet_dir=values["kubelet_dir"],
         pod_silence_bound_s=values["pod_silence_bound"],
         shutdown_grace_s=values["shutdown_grace"],
         xid_policy=XidPolicy(
@@ -448,6 +468,12 @@ def _check_combination(settings: AgentSettings) -> None:
         raise ConfigError(given, f"needs {other} too (the downward API gives both)")
     if settings.gpu_backend is BackendKind.NVML:
         # A simulator's flag first: it says which backend was meant (nvml is the default).
+        if settings.dra_sim_driver:
+            raise ConfigError(
+                "--dra-sim-driver",
+                "only meaningful with --gpu-backend sim: real GPUs are prepared by their "
+                "own DRA driver, which can read capwatch's health (docs/dra-health.md)",
+            )
         if settings.scenario is not None:
             raise ConfigError("--scenario", "only meaningful with --gpu-backend sim")
         if settings.sim_limits_file is not None:
@@ -456,15 +482,11 @@ def _check_combination(settings: AgentSettings) -> None:
             raise ConfigError("--node-name", "required with the nvml backend (set NODE_NAME)")
         if not settings.proc_root.is_dir():
             raise ConfigError("--proc-root", f"{settings.proc_root} is not a directory")
+    if settings.dra_sim_driver and not settings.kubelet_dir.is_dir():
+        raise ConfigError(
+            "--kubelet-dir",
+            f"{settings.kubelet_dir} is not a directory (the sim driver registers there)",
+        )
     if settings.scenario is not None and not settings.scenario.is_file():
         raise ConfigError("--scenario", f"{settings.scenario} is not a readable file")
-    _check_state_dir(settings.state_dir)
-
-
-def _check_state_dir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError("--state-dir", f"cannot create {path}: {exc.strerror}") from exc
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError("--state-dir", f"{path} is not a writable directory")
+    writable_directory("--state-dir", settings.state_dir)

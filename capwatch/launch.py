@@ -1,8 +1,9 @@
 """Run the node agent: the reconcile loop, its gRPC server and metrics, in order.
 
-Start: assemble the agent, bind every listener, gRPC then metrics (a failure
-here is fatal before any cap is touched), then start the loop. Stop (SIGTERM,
-SIGINT, or a supervised task dying): gRPC health NOT_SERVING, streams ended,
+Start: assemble the agent, bind every listener, gRPC then metrics, then the sim
+DRA driver's sockets where asked (a failure here is fatal before any cap is
+touched), then start the loop. Stop (SIGTERM, SIGINT, or a supervised task
+dying): the sim driver unregistered, gRPC health NOT_SERVING, streams ended,
 server stopped with grace, then the loop stopped, owned GPUs restored, NVML
 closed, and metrics (still scraped while caps are restored) stopped last.
 """
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from agent.assembly import build_agent
 from agent.lifecycle import Agent, ShutdownSummary
@@ -21,6 +23,9 @@ from agent.settings import AgentSettings
 from kit.heap import settle_heap
 from server.grpc.publication import Publication
 from server.grpc.serving import AgentServer
+
+if TYPE_CHECKING:
+    from server.grpc.sim_driver import SimDriverServer
 from server.metrics.cycle_metrics import Metrics
 from server.metrics.endpoint import MetricsServer
 from server.settings import ServerSettings
@@ -47,7 +52,16 @@ async def run_agent(
     publication = _publication(agent, server_settings)
     server = AgentServer(settings=server_settings, publication=publication, on_fatal=stop.set)
     metrics = _metrics(agent, server, publication, server_settings, on_fatal=stop.set)
-    await _serve(agent, server, metrics, on_serving)
+    try:
+        driver = (
+            _sim_driver(settings, agent, server, publication, on_fatal=stop.set)
+            if settings.dra_sim_driver
+            else None
+        )
+    except BaseException:
+        agent.close()  # no API access: nothing was touched yet
+        raise
+    await _serve(agent, server, metrics, on_serving, driver)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -56,6 +70,8 @@ async def run_agent(
         await stop.wait()
         log.info("stopping: readiness off, streams ended, then default caps restored")
         try:
+            if driver is not None:
+                await driver.stop(server_settings.grace_s)
             await server.stop()
         finally:
             # Whatever the server's stop did, the caps this agent set are restored.
@@ -110,6 +126,44 @@ def _metrics(
     )
 
 
+def _sim_driver(
+    settings: AgentSettings,
+    agent: Agent,
+    server: AgentServer,
+    publication: Publication,
+    *,
+    on_fatal: Callable[[], None],
+) -> SimDriverServer:
+    """The sim backend's DRA driver: its devices named as the mirror names them, its
+    claims and slice through the cluster's API (in-cluster, else --kubeconfig)."""
+    # Imported here: an agent without the sim driver never loads the kubelet's APIs
+    # nor, with the sim backend, the API server's client.
+    from agent.dra.simdriver import SimDevice  # noqa: PLC0415
+    from agent.kube.claims import CLAIM_READ_TIMEOUT_S  # noqa: PLC0415
+    from agent.kube.client import ObjectRequests, api_transport  # noqa: PLC0415
+    from agent.kube.slice_publisher import SlicePublisher  # noqa: PLC0415
+    from server.grpc.sim_driver import SimDriverServer  # noqa: PLC0415
+
+    transport = api_transport(
+        None if settings.kubeconfig is None else str(settings.kubeconfig),
+        user_agent=f"capwatch-sim-driver/{agent.node_name}",
+    )
+    states = sorted(agent.hub.state().devices.values(), key=lambda s: s.index)
+    return SimDriverServer(
+        kubelet_dir=settings.kubelet_dir,
+        node_name=agent.node_name,
+        pool=publication.pool_name,
+        devices=[
+            SimDevice(name=publication.namer(s.index, s.uuid), index=s.index, uuid=s.uuid)
+            for s in states
+        ],
+        nodes=server.nodes,
+        claims=ObjectRequests(transport, timeout=CLAIM_READ_TIMEOUT_S),
+        slices=SlicePublisher(transport),
+        on_fatal=on_fatal,
+    )
+
+
 async def settle_heap_when_serving(_: AgentServer) -> None:
     """The agent command's ``on_serving``: its start-up heap out of the collector's reach
     before the first cycle (why: :mod:`kit.heap`)."""
@@ -121,15 +175,21 @@ async def _serve(
     server: AgentServer,
     metrics: MetricsServer | None,
     on_serving: Callable[[AgentServer], Awaitable[None]] | None,
+    driver: SimDriverServer | None,
 ) -> None:
-    """Bind gRPC, then metrics, then let ``on_serving`` run before the first cycle; a
-    failure undoes what was started, closes the agent (no cap touched yet) and raises."""
+    """Bind gRPC, then metrics, then the sim driver, then let ``on_serving`` run before
+    the first cycle; a failure undoes what was started, closes the agent (no cap touched
+    yet) and raises."""
     try:
         await server.start()
         try:
             if metrics is not None:
                 await metrics.start()
+            if driver is not None:
+                await driver.start()
         except BaseException:
+            if metrics is not None:
+                await metrics.stop()
             await server.stop()
             raise
     except BaseException:
@@ -139,6 +199,8 @@ async def _serve(
         try:
             await on_serving(server)
         except BaseException:
+            if driver is not None:
+                await driver.stop(0)
             await server.stop()
             if metrics is not None:
                 await metrics.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -138,6 +139,22 @@ def optional_path(flag: str, text: str) -> Path | None:
 def path(flag: str, text: str) -> Path:
     if not text:
         raise ConfigError(flag, "must not be empty")
+    return Path(text)
+
+
+def writable_directory(flag: str, path: Path) -> None:
+    """Make ``path`` (and its parents) if missing; refuse one this process cannot write."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(flag, f"cannot create {path}: {exc.strerror}") from exc
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(flag, f"{path} is not a writable directory")
+
+
+def absolute_path(flag: str, text: str) -> Path:
+    if not text.startswith("/"):
+        raise ConfigError(flag, f"must be an absolute path, got {text!r}")
     return Path(text)
 
 

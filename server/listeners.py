@@ -2,14 +2,18 @@
 
 The agent's server (:mod:`server.grpc.serving`), a pool's and the controller's
 cluster stream (:mod:`controller.cluster.serving`) all bind through these, so
-they share grpc core's limits and report a busy port the same way.
+they share grpc core's limits and report a busy port the same way; the agent's
+and the sim DRA driver's unix sockets are bound by :func:`bind_unix`.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import socket
-from collections.abc import Sequence
+import stat
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from kit.addresses import host_port
 from kit.errors import CapwatchError
@@ -65,3 +69,25 @@ def address_in_use(address: str) -> str | None:
                 if exc.errno == errno.EADDRINUSE:
                     return "address already in use"
     return None
+
+
+def bind_unix(add_port: Callable[[str], int], path: Path, *, umask: int) -> None:
+    """Bind a unix socket at ``path`` through ``add_port`` (a grpc server's
+    ``add_insecure_port``), the socket created under ``umask`` so that
+    no other user can connect in the moment before its mode could be changed. A socket
+    left there by a process that did not exit cleanly is replaced; anything else there
+    is refused. Raises ServeError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise ServeError(f"{path} exists and is not a socket; refusing to replace it")
+        path.unlink()
+    old = os.umask(umask)
+    try:
+        port = add_port(f"unix://{path}")
+    except RuntimeError as exc:
+        raise ServeError(f"cannot listen on unix://{path}: {exc}") from exc
+    finally:
+        os.umask(old)
+    if port == 0 or not path.exists():
+        raise ServeError(f"cannot listen on unix://{path}")

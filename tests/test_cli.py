@@ -100,6 +100,26 @@ CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
             {},
             "--state-dir: cannot create",
         ),
+        (
+            ["--node-name", "n1", "--dra-sim-driver", "true"],
+            {},
+            "--dra-sim-driver: only meaningful with --gpu-backend sim: real GPUs are prepared",
+        ),
+        (
+            ["--gpu-backend", "sim"],
+            {"CAPWATCH_DRA_SIM_DRIVER": "2"},
+            "--dra-sim-driver (from $CAPWATCH_DRA_SIM_DRIVER): must be true or false",
+        ),
+        (
+            ["--gpu-backend", "sim", "--kubelet-dir", "var/lib/kubelet"],
+            {},
+            "--kubelet-dir: must be an absolute path, got 'var/lib/kubelet'",
+        ),
+        (
+            ["--gpu-backend", "sim", "--dra-sim-driver", "true", "--kubelet-dir", "/nonexistent"],
+            {},
+            "--kubelet-dir: /nonexistent is not a directory (the sim driver registers there)",
+        ),
     ],
 )
 def test_invalid_configuration_exits_2_with_one_line(

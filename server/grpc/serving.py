@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
 from kit.flags import is_digits
+from kit.supervision import ended
 from server.certificates import CertificateError, ReloadingCertificates, Reloads
 from server.grpc import node_health
 from server.grpc.dra import DraV1alpha1Servicer, DraV1Servicer
@@ -34,7 +33,7 @@ from server.grpc.health import SERVICES, ListingHealthServicer, track_readiness
 from server.grpc.node_health import NodeHealthServicer
 from server.grpc.nodes import NodeDirectory, OneNode
 from server.grpc.publication import Publication
-from server.listeners import OPTIONS, ServeError, address_in_use
+from server.listeners import OPTIONS, ServeError, address_in_use, bind_unix
 from server.malformed import MalformedRequests
 from server.settings import Listener, ServerSettings
 
@@ -83,6 +82,11 @@ class AgentServer:
         v1_grpc.add_DRAResourceHealthServicer_to_server(DraV1Servicer(self._nodes), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(SERVICE_NAMES, self._server)
+
+    @property
+    def nodes(self) -> NodeDirectory:
+        """What the services resolve nodes through (the sim DRA driver serves the same)."""
+        return self._nodes
 
     @property
     def publication(self) -> Publication:
@@ -166,22 +170,8 @@ class AgentServer:
         return f"{host}:{port}"
 
     def _bind_unix(self, path: Path) -> str:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() or path.is_symlink():
-            if not stat.S_ISSOCK(path.lstat().st_mode):
-                raise ServeError(f"{path} exists and is not a socket; refusing to replace it")
-            path.unlink()  # left by a previous agent that did not exit cleanly
-        # Create the socket as 0660 from the start: no window in which another
-        # user could connect. The shim reaches it through the socket's group.
-        old = os.umask(0o117)
-        try:
-            port = self._server.add_insecure_port(f"unix://{path}")
-        except RuntimeError as exc:
-            raise ServeError(f"cannot listen on unix://{path}: {exc}") from exc
-        finally:
-            os.umask(old)
-        if port == 0 or not path.exists():
-            raise ServeError(f"cannot listen on unix://{path}")
+        # 0660 from the start: the shim reaches the socket through its group.
+        bind_unix(self._server.add_insecure_port, path, umask=0o117)
         self._sockets.append(path)
         if self._settings.socket_group:
             group = self._settings.socket_group
@@ -201,9 +191,4 @@ class AgentServer:
         self._sockets.clear()
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._stopping:
-            return
-        log.error(
-            "task %s ended unexpectedly; stopping", task.get_name(), exc_info=task.exception()
-        )
-        self._on_fatal()
+        ended(task, stopping=self._stopping, on_fatal=self._on_fatal, log=log)

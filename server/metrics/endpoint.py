@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from kit.supervision import ended
 from server.http.exposition import RegistryServer
 from server.http.tiny import HEAD_TIMEOUT_S, MAX_CONNECTIONS, PathServer
 from server.metrics.cycle_metrics import Metrics
@@ -78,10 +79,10 @@ class MetricsServer:
     def _supervise(self, task: asyncio.Task[None]) -> None:
         # The task ends by itself only when the hub releases its readers (the
         # server is stopping): that is not a failure; anything else is.
-        if task.cancelled() or self._stopping:
-            return
-        exc = task.exception()
-        if exc is None and self.metrics.publication.hub.readers_released:
-            return
-        log.error("task %s ended unexpectedly; stopping", task.get_name(), exc_info=exc)
-        self._on_fatal()
+        ended(
+            task,
+            stopping=self._stopping,
+            on_fatal=self._on_fatal,
+            log=log,
+            expected=lambda: self.metrics.publication.hub.readers_released,
+        )

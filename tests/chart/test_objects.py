@@ -122,6 +122,44 @@ def test_claims_off_drops_the_claim_and_slice_rules_and_says_so_to_the_agent(
     assert named(namespaced, "Role")["rules"] == [*POD_READ, EVENT_CREATE]
 
 
+def test_the_sim_driver_adds_its_slice_rule_device_class_mounts_and_flags(helm: Helm) -> None:
+    """dra.simDriver.enabled (sim backend): a ClusterRole of its own with create and
+    patch of resourceslices (apply), claims readable even with dra.claims off, the
+    DeviceClass sim.capwatch.io selecting the driver's devices, the kubelet's two
+    directories mounted where the agent is told they are, and nothing of it by default."""
+    sim = ("--set", "agent.gpuBackend=sim", "--set", "dra.simDriver.enabled=true")
+    manifests = helm.render(
+        *sim, "--set", "dra.claims=false", "--set", "dra.simDriver.kubeletDir=/k"
+    )
+    slices = named(manifests, "ClusterRole", "-sim-driver")
+    assert slices["rules"] == [
+        {"apiGroups": DRA_GROUP, "resources": ["resourceslices"], "verbs": ["create", "patch"]}
+    ]
+    assert (
+        named(manifests, "ClusterRoleBinding", "-sim-driver")["roleRef"]["name"]
+        == (slices["metadata"]["name"])
+    )
+    assert named(manifests, "ClusterRole")["rules"] == [*POD_READ, EVENT_CREATE, CLAIM_READ]
+    (device_class,) = manifests.of_kind("DeviceClass")
+    assert device_class["metadata"]["name"] == "sim.capwatch.io"
+    assert device_class["spec"]["selectors"] == [
+        {"cel": {"expression": 'device.driver == "sim.capwatch.io"'}}
+    ]
+    agent = manifests.container("agent")
+    assert {"--dra-sim-driver=true", "--kubelet-dir=/k"} <= set(agent["args"])
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    assert mounts["kubelet-plugins-registry"] == "/k/plugins_registry"
+    assert mounts["kubelet-plugin"] == "/k/plugins/sim.capwatch.io"
+    assert manifests.volume("kubelet-plugins-registry")["hostPath"] == {
+        "path": "/k/plugins_registry",
+        "type": "Directory",
+    }
+    assert manifests.volume("kubelet-plugin")["hostPath"]["path"] == "/k/plugins/sim.capwatch.io"
+    default = helm.render("--set", "agent.gpuBackend=sim")
+    assert not default.of_kind("DeviceClass")
+    assert not any(a.startswith("--dra-sim-driver") for a in default.container("agent")["args"])
+
+
 def test_pod_events_off_drops_the_event_rule_and_says_so_to_the_agent(helm: Helm) -> None:
     """agent.podEvents false: pod reads only, and the agent is told not to post Events."""
     manifests = helm.render("--set", "agent.podEvents=false")

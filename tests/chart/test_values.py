@@ -84,6 +84,10 @@ def test_longer_grace_period_is_honoured(helm: Helm) -> None:
             ("--set", "grpc.tls.clientCA.secretName=ca"),
             "grpc.tls.clientCA.secretName needs grpc.tls.secretName",
         ),
+        (
+            ("--set", "dra.simDriver.enabled=true"),
+            "dra.simDriver.enabled needs agent.gpuBackend sim, got nvml",
+        ),
     ],
 )
 def test_inconsistent_values_fail_rendering(

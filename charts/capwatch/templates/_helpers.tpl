@@ -150,6 +150,9 @@ also hold under --skip-schema-validation, and cover rules across several keys.
 {{- if and $caps.floorWatts $caps.ceilingWatts (gt (int $caps.floorWatts) (int $caps.ceilingWatts)) }}
 {{- fail (printf "agent.caps.floorWatts (%d) must not be above agent.caps.ceilingWatts (%d)" (int $caps.floorWatts) (int $caps.ceilingWatts)) }}
 {{- end }}
+{{- if and .Values.dra.simDriver.enabled (ne .Values.agent.gpuBackend "sim") }}
+{{- fail (printf "dra.simDriver.enabled needs agent.gpuBackend sim, got %s: real GPUs are prepared by their own DRA driver, which can read capwatch's health stream instead (docs/dra-health.md)" .Values.agent.gpuBackend) }}
+{{- end }}
 {{- if .Values.controller.enabled }}
 {{- include "capwatch.controller.validate" . }}
 {{- end }}
