@@ -27,15 +27,11 @@ from dataclasses import dataclass
 from enum import Enum
 
 from agent.dra.claims import ClaimCap, ClaimRef
-from agent.gpus import PowerConstraints
+from agent.gpus import MAX_REQUEST_WATTS, PowerConstraints
 from agent.pods import PodInfo
 from agent.reports import CapSource, ClampDirection, SafeDefaultCause
 
 DEFAULT_ANNOTATION_KEY = "capwatch.io/gpu-power-limit"
-
-# No GPU shipped or announced draws more than this; anything larger is a typo
-# (or milliwatts), not a request.
-MAX_REQUEST_WATTS = 100_000
 
 # ASCII digits only: int() would also accept "1_000", "٣٠٠" and "+300".
 _WATTS = re.compile(r"[0-9]{1,9}")

@@ -67,6 +67,11 @@ class WriteResult:
         return self.outcome is WriteOutcome.OK
 
 
+# No GPU shipped or announced draws more than this; a larger request, from any source
+# (an annotation, a claim, a flag), is a typo (or milliwatts), not a request.
+MAX_REQUEST_WATTS = 100_000
+
+
 @dataclass(frozen=True, kw_only=True)
 class PowerConstraints:
     """A device's settable power-limit range and its default, in milliwatts."""

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from agent.capping import DEFAULT_ANNOTATION_KEY, MAX_REQUEST_WATTS, Mode, UnclaimedPolicy
+from agent.capping import DEFAULT_ANNOTATION_KEY, Mode, UnclaimedPolicy
 from agent.dra.slices import DEFAULT_UUID_ATTRIBUTE
+from agent.gpus import MAX_REQUEST_WATTS
 from agent.health.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, XidPolicy, parse_xids
 from kit.errors import ConfigError
 from kit.flags import (

@@ -41,13 +41,12 @@ from enum import Enum
 from typing import Any, Protocol
 
 from agent.dra.slices import NO_DEVICES, DeviceName, NodeDevices
+from agent.gpus import MAX_REQUEST_WATTS
 from agent.pods import PodRef, PodSnapshot
 
 DRIVER = "capwatch.io"
 API_VERSION = "capwatch.io/v1alpha1"
 KIND = "PowerCap"
-# As for an annotation: more than any GPU draws is a typo (or milliwatts).
-MAX_WATTS = 100_000
 # DRA applies a class's configuration before the claim's own (both in the allocation).
 SOURCE_ORDER = {"FromClass": 0, "FromClaim": 1}
 
@@ -195,8 +194,8 @@ def parse_power_cap(parameters: object) -> tuple[int | None, str | None]:
         watts = int(watts)
     if isinstance(watts, bool) or not isinstance(watts, int):
         return None, f"watts {watts!r} is not an integer"
-    if not 0 < watts <= MAX_WATTS:
-        return None, f"watts {watts} is out of range (1 to {MAX_WATTS})"
+    if not 0 < watts <= MAX_REQUEST_WATTS:
+        return None, f"watts {watts} is out of range (1 to {MAX_REQUEST_WATTS})"
     extra = set(parameters) - {"apiVersion", "kind", "watts"}
     if extra:
         return None, f"unknown field {sorted(extra)[0]!r}"

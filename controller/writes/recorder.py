@@ -26,12 +26,12 @@ from typing import Protocol
 from controller.conditions import Condition, ConditionReason, ConditionStatus, NodeCondition
 from controller.errors import ApiError, DeadlinePassed, FencedOut
 from controller.leasing import Fence
+from controller.writes import REQUEST_TIMEOUT_S
 from kit.clock import Clock
 
 log = logging.getLogger(__name__)
 
 DEDUPE_WINDOW_S = 600.0
-REQUEST_TIMEOUT_S = 10.0
 
 
 class EventType(str, Enum):

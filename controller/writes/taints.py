@@ -50,6 +50,7 @@ from controller.taints import (
     rule_object,
 )
 from controller.tracking import NodeState
+from controller.writes import REQUEST_TIMEOUT_S
 from controller.writes.recorder import EventRecorder, EventType
 from controller.writes.workqueue import ItemBackoff, WorkQueue
 from kit.backoff import Backoff
@@ -61,7 +62,6 @@ log = logging.getLogger(__name__)
 DEFAULT_WORKERS = 4
 DEFAULT_QPS = 20.0
 DEFAULT_BURST = 40
-REQUEST_TIMEOUT_S = 10.0
 LIST_TIMEOUT_S = 30.0
 RETRY_BACKOFF = Backoff(initial_s=0.5, max_s=60.0)
 CONFLICT_REASON = "GPUDeviceTaintRuleConflict"

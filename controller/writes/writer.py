@@ -88,6 +88,7 @@ from controller.errors import ApiError, DeadlinePassed, FencedOut, FieldConflict
 from controller.leasing import Fence
 from controller.objects import FieldOwner
 from controller.tracking import NodeState
+from controller.writes import REQUEST_TIMEOUT_S
 from controller.writes.recorder import EventRecorder, EventType
 from controller.writes.workqueue import ItemBackoff, WorkQueue
 from kit.backoff import Backoff
@@ -100,7 +101,6 @@ DEFAULT_HEARTBEAT_S = 300.0
 # carries, or a first report that is not True), a first report of True, heartbeats.
 _NEWS, _FIRST_REPORT, _HEARTBEAT = 0, 1, 2
 DEFAULT_WORKERS = 8
-REQUEST_TIMEOUT_S = 10.0
 RETRY_INITIAL_S = 0.5
 RETRY_MAX_S = 60.0
 RETRY_BACKOFF = Backoff(initial_s=RETRY_INITIAL_S, max_s=RETRY_MAX_S)

@@ -13,9 +13,8 @@ One grpc server on two unix sockets under the kubelet's directory:
 
 The node's ResourceSlice is applied once the kubelet has registered the plugin (the
 scheduler places no claim on a device whose driver the kubelet cannot find yet) and
-again every
-:data:`REPUBLISH_S` (a slice someone deleted is back within that; a failed apply is
-retried by the shared backoff). At stop the registration socket goes first, so the
+again every :data:`REPUBLISH_S` (a slice someone deleted is back within that; a failed
+apply is retried by the shared backoff). At stop the registration socket goes first, so the
 kubelet unregisters the plugin and ends its stream before the server stops; the
 slice is left for the next agent (the kubelet deletes it if none registers).
 """
@@ -35,7 +34,6 @@ import grpc
 from agent.dra.simdriver import (
     DRIVER,
     PreparedDevice,
-    PrepareError,
     SimDevice,
     prepared_devices,
     resource_slice,
@@ -49,6 +47,7 @@ from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
 from kit.backoff import Backoff
 from kit.errors import CapwatchError
+from kit.names import is_dns_label, is_dns_subdomain
 from kit.supervision import ended
 from server.grpc.dra import DraV1alpha1Servicer, DraV1Servicer
 from server.grpc.nodes import NodeDirectory
@@ -137,12 +136,18 @@ class DraPluginServicer(dra_grpc.DRAPluginServicer):
 
     async def _prepare(self, claim: dra_pb.Claim) -> dra_pb.NodePrepareResourceResponse:
         where = f"{claim.namespace}/{claim.name}"
+        if not (is_dns_label(claim.namespace) and is_dns_subdomain(claim.name)):
+            # Never a path of the request's making on the API server.
+            log.warning("refused to prepare claim=%r: not a claim's namespace and name", where)
+            return dra_pb.NodePrepareResourceResponse(
+                error=f"capwatch sim driver: {where!r} is not a ResourceClaim's namespace/name"
+            )
         try:
             found = await asyncio.to_thread(
                 self._claims.get, claim_path(claim.namespace, claim.name)
             )
             devices = prepared_devices(found, uid=claim.uid, pool=self._pool, devices=self._devices)
-        except (PrepareError, CapwatchError) as err:
+        except CapwatchError as err:  # PrepareError among them
             log.warning("cannot prepare claim=%s uid=%s: %s", where, claim.uid, err)
             return dra_pb.NodePrepareResourceResponse(error=f"capwatch sim driver: {err}")
         log.info(

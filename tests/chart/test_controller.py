@@ -11,7 +11,7 @@ import pytest
 
 from controller.cluster.serving import ClusterServer
 from controller.leasing import LeaseConfig
-from controller.writes.writer import REQUEST_TIMEOUT_S
+from controller.writes import REQUEST_TIMEOUT_S
 from server.http.readyz import PATH as READYZ_PATH
 from tests.chart.controller_support import (
     AGENT_SELECTOR,

@@ -8,7 +8,8 @@ import pytest
 
 from controller.conditions import Condition, ConditionReason, ConditionStatus, NodeCondition
 from controller.errors import ApiError, DeadlinePassed
-from controller.writes.recorder import DEDUPE_WINDOW_S, REQUEST_TIMEOUT_S, EventRecorder, EventType
+from controller.writes import REQUEST_TIMEOUT_S
+from controller.writes.recorder import DEDUPE_WINDOW_S, EventRecorder, EventType
 from kit.clock import FakeClock
 from tests.controller.fakes import FakeEventApi, ManualFence
 

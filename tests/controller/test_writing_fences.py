@@ -11,9 +11,7 @@ import asyncio
 import pytest
 
 from controller.errors import ApiError, DeadlinePassed, FencedOut
-from controller.writes.writer import (
-    REQUEST_TIMEOUT_S,
-)
+from controller.writes import REQUEST_TIMEOUT_S
 from tests.controller.writing_rig import (
     NODE,
     RELEASE_FAILED,

@@ -159,13 +159,15 @@ async def test_a_refused_registration_is_remembered_and_logged(
 
 async def test_prepare_answers_each_claim_on_its_own(plugin: Plugin) -> None:
     """A claim allocated one sim GPU gets that device, no CDI id; a claim whose UID is
-    not the one asked for and one the API server cannot give get their reasons; the
-    others are prepared all the same."""
+    not the one asked for, one the API server cannot give, and a name that is no
+    claim's (never sent to the API server) get their reasons; the others are prepared
+    all the same."""
     request = dra_pb.NodePrepareResourcesRequest(
         claims=[
             dra_pb.Claim(namespace="ml", name="one-gpu", uid=UID),
             dra_pb.Claim(namespace="ml", name="one-gpu", uid="replaced"),
             dra_pb.Claim(namespace="ml", name="missing", uid="m"),
+            dra_pb.Claim(namespace="ml", name="../../../api/v1/secrets", uid="p"),
         ]
     )
     async with plugin.channel(plugin_socket(plugin.kubelet_dir)) as channel:
@@ -179,7 +181,8 @@ async def test_prepare_answers_each_claim_on_its_own(plugin: Plugin) -> None:
     assert not good.devices[0].HasField("share_id")
     assert "has UID" in answer.claims["replaced"].error
     assert "ConnectionRefusedError" in answer.claims["m"].error, answer
-    for refused in ("replaced", "m"):
+    assert "is not a ResourceClaim's namespace/name" in answer.claims["p"].error
+    for refused in ("replaced", "m", "p"):
         assert answer.claims[refused].error.startswith("capwatch sim driver: ")
 
 
