@@ -57,6 +57,7 @@ from typing import Any, Protocol
 from controller.errors import ApiError, Conflict
 from kit.clock import Clock
 from kit.errors import ConfigError
+from kit.observing import UNOBSERVED
 
 log = logging.getLogger(__name__)
 
@@ -167,17 +168,6 @@ class LeaseObserver(Protocol):
     def fenced_out(self) -> None: ...
 
 
-class _NoObserver:
-    def leading(self, leading: bool) -> None:
-        pass
-
-    def holder_changed(self) -> None:
-        pass
-
-    def fenced_out(self) -> None:
-        pass
-
-
 def micro_time(wall: float) -> str:
     return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -205,7 +195,7 @@ class LeaseElector:
         self.config = config or LeaseConfig()
         self.on_started = on_started  # the composition root may set them later
         self.on_stopped = on_stopped
-        self._observer: LeaseObserver = observer or _NoObserver()
+        self._observer: LeaseObserver = observer or UNOBSERVED
         self._rng = rng or random.Random()
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0  # monotonic instant the observed record last changed

@@ -28,6 +28,7 @@ from controller.errors import ApiError, DeadlinePassed, FencedOut
 from controller.leasing import Fence
 from controller.writes import REQUEST_TIMEOUT_S
 from kit.clock import Clock
+from kit.observing import UNOBSERVED
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,6 @@ class EventObserver(Protocol):
     def event(self, *, result: str) -> None: ...
 
 
-class _NoObserver:
-    def event(self, *, result: str) -> None:
-        pass
-
-
 class EventRecorder:
     def __init__(
         self,
@@ -76,7 +72,7 @@ class EventRecorder:
         self._api = api
         self._fence = fence
         self._clock = clock
-        self._observer: EventObserver = observer or _NoObserver()
+        self._observer: EventObserver = observer or UNOBSERVED
         self._window_s = dedupe_window_s
         # node -> (type, reason) -> when it was last posted
         self._last: dict[str, dict[tuple[EventType, str], float]] = {}

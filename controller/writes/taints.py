@@ -55,6 +55,7 @@ from controller.writes.recorder import EventRecorder, EventType
 from controller.writes.workqueue import ItemBackoff, WorkQueue
 from kit.backoff import Backoff
 from kit.clock import Clock
+from kit.observing import UNOBSERVED
 from kit.pacing import TokenBucket
 
 log = logging.getLogger(__name__)
@@ -92,14 +93,6 @@ class TaintObserver(Protocol):
     def taint_rules(self, count: int) -> None: ...
 
 
-class _NoObserver:
-    def taint_written(self, *, action: str, result: str) -> None:
-        pass
-
-    def taint_rules(self, count: int) -> None:
-        pass
-
-
 class TaintWriter:
     """A :class:`~controller.tracking.NodeListener` that keeps this shard's rules."""
 
@@ -128,7 +121,7 @@ class TaintWriter:
         self._known = known  # does the tracker know the node
         self._workers = workers
         self._bucket = TokenBucket(rate=qps, burst=burst, clock=clock)
-        self._observer: TaintObserver = observer or _NoObserver()
+        self._observer: TaintObserver = observer or UNOBSERVED
         self._rng = rng or random.Random()
         self._wanted: dict[str, DeviceTaint] = {}  # rule name -> the rule it should be
         self._by_node: dict[str, set[str]] = {}  # node -> its rules, wanted or placed

@@ -93,6 +93,7 @@ from controller.writes.recorder import EventRecorder, EventType
 from controller.writes.workqueue import ItemBackoff, WorkQueue
 from kit.backoff import Backoff
 from kit.clock import Clock
+from kit.observing import UNOBSERVED
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +139,6 @@ class WriteObserver(Protocol):
     def written(self, *, result: str, latency_s: float | None) -> None: ...
 
 
-class _NoObserver:
-    def written(self, *, result: str, latency_s: float | None) -> None:
-        pass
-
-
 class ConditionWriter:
     def __init__(
         self,
@@ -162,7 +158,7 @@ class ConditionWriter:
         self._clock = clock
         self._heartbeat_s = heartbeat_s
         self._workers = workers
-        self._observer: WriteObserver = observer or _NoObserver()
+        self._observer: WriteObserver = observer or UNOBSERVED
         self._rng = rng or random.Random()
         self._desired: dict[str, NodeState] = {}
         self._written: dict[str, NodeCondition] = {}
