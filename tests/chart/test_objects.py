@@ -124,22 +124,26 @@ def test_claims_off_drops_the_claim_and_slice_rules_and_says_so_to_the_agent(
 
 def test_the_sim_driver_adds_its_slice_rule_device_class_mounts_and_flags(helm: Helm) -> None:
     """dra.simDriver.enabled (sim backend): a ClusterRole of its own with create and
-    patch of resourceslices (apply), claims readable even with dra.claims off, the
-    DeviceClass sim.capwatch.io selecting the driver's devices, the kubelet's two
-    directories mounted where the agent is told they are, and nothing of it by default."""
+    patch of resourceslices (apply) and get of claims in every namespace (the kubelet's
+    pods' claims), even with dra.claims off or a namespaced install; the DeviceClass
+    sim.capwatch.io selecting the driver's devices; the kubelet's two directories
+    mounted where the agent is told they are; nothing of it by default."""
     sim = ("--set", "agent.gpuBackend=sim", "--set", "dra.simDriver.enabled=true")
     manifests = helm.render(
         *sim, "--set", "dra.claims=false", "--set", "dra.simDriver.kubeletDir=/k"
     )
     slices = named(manifests, "ClusterRole", "-sim-driver")
     assert slices["rules"] == [
-        {"apiGroups": DRA_GROUP, "resources": ["resourceslices"], "verbs": ["create", "patch"]}
+        {"apiGroups": DRA_GROUP, "resources": ["resourceslices"], "verbs": ["create", "patch"]},
+        CLAIM_READ,
     ]
     assert (
         named(manifests, "ClusterRoleBinding", "-sim-driver")["roleRef"]["name"]
         == (slices["metadata"]["name"])
     )
-    assert named(manifests, "ClusterRole")["rules"] == [*POD_READ, EVENT_CREATE, CLAIM_READ]
+    assert named(manifests, "ClusterRole")["rules"] == [*POD_READ, EVENT_CREATE]
+    namespaced = helm.render(*sim, "--set", "rbac.namespaced=true")
+    assert named(namespaced, "ClusterRole", "-sim-driver")["rules"] == slices["rules"]
     (device_class,) = manifests.of_kind("DeviceClass")
     assert device_class["metadata"]["name"] == "sim.capwatch.io"
     assert device_class["spec"]["selectors"] == [
