@@ -90,9 +90,21 @@ _WRITES = frozenset({"POST", "PUT", "PATCH"})
 _CONFLICTING = re.compile(r'conflicts? with "([^"]+)"')
 
 
+# KubeApi's threads, each with at most one request in flight.
+KUBE_THREADS = 16
+# The discovery's list+watch of agent pods and of GPU nodes, open for good.
+DISCOVERY_WATCHES = 2
+
+
 def api_client(kubeconfig: str | None, *, identity: str) -> ApiTransport:
-    """The transport to the cluster (in-cluster, else the kubeconfig), naming this replica."""
-    return api_transport(kubeconfig, user_agent=f"{COMPONENT}/{identity}")
+    """The transport to the cluster (in-cluster, else the kubeconfig), naming this replica,
+    with a connection kept for each of KubeApi's threads and each discovery watch: with
+    fewer, a busy moment would drop connections and pay for new TLS handshakes."""
+    return api_transport(
+        kubeconfig,
+        user_agent=f"{COMPONENT}/{identity}",
+        connections=KUBE_THREADS + DISCOVERY_WATCHES,
+    )
 
 
 # The request the thread is sending, for its connection's every ``send``: the clock,
@@ -144,7 +156,7 @@ class KubeApi:
         namespace: str,
         identity: str,
         release: str = "capwatch",
-        max_threads: int = 16,
+        max_threads: int = KUBE_THREADS,
         clock: Clock | None = None,
     ) -> None:
         self._client = client

@@ -18,7 +18,7 @@ import urllib3
 import urllib3.exceptions
 
 from agent.kube.access import from_environment
-from agent.kube.transport import ApiTransport
+from agent.kube.transport import DEFAULT_CONNECTIONS, ApiTransport
 from agent.kube.wire import (
     TRANSIENT,
     ApiStatusError,
@@ -33,11 +33,14 @@ from kit.errors import CapwatchError
 logger = logging.getLogger(__name__)
 
 
-def api_transport(kubeconfig: str | None, *, user_agent: str) -> ApiTransport:
+def api_transport(
+    kubeconfig: str | None, *, user_agent: str, connections: int = DEFAULT_CONNECTIONS
+) -> ApiTransport:
     """The transport to this process's cluster (:func:`agent.kube.access.from_environment`:
     in-cluster when ``KUBERNETES_SERVICE_HOST`` is set, else the kubeconfig), naming
-    itself ``user_agent``. A missing or malformed configuration is a ConfigError."""
-    return ApiTransport(from_environment(kubeconfig), user_agent=user_agent)
+    itself ``user_agent``, keeping up to ``connections`` open (what its users may have
+    in flight at once). A missing or malformed configuration is a ConfigError."""
+    return ApiTransport(from_environment(kubeconfig), user_agent=user_agent, maxsize=connections)
 
 
 def group_version_served(transport: ApiTransport, path: str, *, timeout: float) -> bool | None:

@@ -45,6 +45,11 @@ if hasattr(socket, "TCP_KEEPIDLE"):
 Timeout = float | tuple[float, float]  # total; or (connect, read)
 
 
+# Connections kept open for reuse. A request beyond them still goes out, on a
+# connection dropped after it: users with more in flight at once size it so.
+DEFAULT_CONNECTIONS = 16
+
+
 class ApiTransport:
     """Requests to one API server as one identity (thread-safe; urllib3 pools connections)."""
 
@@ -53,7 +58,7 @@ class ApiTransport:
         access: ClusterAccess,
         *,
         user_agent: str,
-        maxsize: int = 16,
+        maxsize: int = DEFAULT_CONNECTIONS,
         clock: Clock | None = None,
     ) -> None:
         self._server = access.server
