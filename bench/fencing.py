@@ -104,10 +104,11 @@ def window(plane: ControlPlane, helm: Helm, work: Path, *, rounds: int) -> list[
             tokens.append(plane.token(namespace, account, pod=bound))
             identities.append(f"{bound.name}_{bound.uid}")
         leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        name = scene.lease_name(0)  # the Lease shard 0's policy binding reads
         lease = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": "capwatch-controller-0"},
+            "metadata": {"name": name},
             "spec": {"holderIdentity": identities[0], "leaseDurationSeconds": 15},
         }
         plane.request("POST", leases, lease)
@@ -128,9 +129,9 @@ def window(plane: ControlPlane, helm: Helm, work: Path, *, rounds: int) -> list[
         while not writes(holder):  # the policy has the Lease in its cache
             assert time.monotonic() < deadline, "the holder's writes are refused"
         for _ in range(rounds):
-            current = plane.request("GET", f"{leases}/capwatch-controller-0")
+            current = plane.request("GET", f"{leases}/{name}")
             current["spec"]["holderIdentity"] = identities[1 - holder]
-            plane.request("PUT", f"{leases}/capwatch-controller-0", current)
+            plane.request("PUT", f"{leases}/{name}", current)
             moved = time.monotonic()
             admitted = 0
             while writes(holder):
