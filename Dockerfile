@@ -29,6 +29,7 @@ RUN /opt/venv/bin/pip install --require-hashes --no-deps --only-binary=:all: \
 # the README it names, and every package (pyproject.toml's packages.find).
 COPY pyproject.toml README.md ./
 COPY kit ./kit
+COPY kube ./kube
 COPY agent ./agent
 COPY api ./api
 COPY server ./server

@@ -134,54 +134,55 @@ pytest: setup fakenvml kube image
 # The full suite: static checks, then every test.
 test: lint pytest
 
-# Benchmarks print figures for reading (bench/README.md); they assert nothing.
+# Benchmarks print figures for reading (bench/README.md); they assert nothing. Each runs as
+# `python -m bench.scenarios.<name>` from the repository root.
 bench: setup
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cycle.py --json bench/results/cycle.json
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py --json bench/results/stream.json
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/fanout.py --json bench/results/fanout.json
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/readyz.py --json bench/results/readyz.json
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/crash.py
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/events.py
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/controller.py
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/fencing.py --json bench/results/fencing.json
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --json bench/results/cluster.json
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --shared-addresses --json bench/results/cluster.json
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/kwok.py --json bench/results/kwok.json
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/connection_floor.py
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cap_series.py
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/claims_scale.py
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/taints_scale.py
-	$(BIN)/python bench/plot.py
+	$(BIN)/python -m bench.scenarios.cycle --json bench/results/cycle.json
+	$(BIN)/python -m bench.scenarios.stream --json bench/results/stream.json
+	$(BIN)/python -m bench.scenarios.fanout --json bench/results/fanout.json
+	$(BIN)/python -m bench.scenarios.readyz --json bench/results/readyz.json
+	$(BIN)/python -m bench.scenarios.crash
+	$(BIN)/python -m bench.scenarios.events
+	$(BIN)/python -m bench.scenarios.controller
+	$(BIN)/python -m bench.scenarios.fencing --json bench/results/fencing.json
+	$(BIN)/python -m bench.scenarios.cluster --json bench/results/cluster.json
+	$(BIN)/python -m bench.scenarios.cluster --shared-addresses --json bench/results/cluster.json
+	$(BIN)/python -m bench.scenarios.kwok --json bench/results/kwok.json
+	$(BIN)/python -m bench.scenarios.connection_floor
+	$(BIN)/python -m bench.scenarios.cap_series
+	$(BIN)/python -m bench.scenarios.claims_scale
+	$(BIN)/python -m bench.scenarios.taints_scale
+	$(BIN)/python -m bench.figures.plot
 
 # PNG charts of the figures in bench/results/ (bench/README.md links them).
 bench-plots: setup
-	$(BIN)/python bench/plot.py
+	$(BIN)/python -m bench.figures.plot
 
 # The simulated 5,000-node cluster alone, both shapes (about ten minutes: pools, API server,
 # controller).
 bench-cluster: setup
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --json bench/results/cluster.json
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/cluster.py --shared-addresses --json bench/results/cluster.json
+	$(BIN)/python -m bench.scenarios.cluster --json bench/results/cluster.json
+	$(BIN)/python -m bench.scenarios.cluster --shared-addresses --json bench/results/cluster.json
 
 # 5,000 KWOK nodes on the real control plane, the chart installed (about half an hour).
 bench-kwok: setup kube
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/kwok.py --json bench/results/kwok.json
+	$(BIN)/python -m bench.scenarios.kwok --json bench/results/kwok.json
 
 # What one connection per node costs the side holding them, pull and push (two minutes).
 bench-floor: setup
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/connection_floor.py
+	$(BIN)/python -m bench.scenarios.connection_floor
 
 # An agent against 20,000 ResourceClaims of other nodes, on the real API server (three minutes).
 bench-claims: setup kube fakenvml
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/claims_scale.py
+	$(BIN)/python -m bench.scenarios.claims_scale
 
 # The gRPC stream alone (about three minutes: spawns servers and 1,000-stream clients).
 bench-stream: setup
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/stream.py --json bench/results/stream.json
+	$(BIN)/python -m bench.scenarios.stream --json bench/results/stream.json
 
 # Fan-out against 10, 100, 300 and 1,000 subscribers (about two minutes).
 bench-fanout: setup
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/fanout.py --json bench/results/fanout.json
+	$(BIN)/python -m bench.scenarios.fanout --json bench/results/fanout.json
 
 clean:
 	rm -rf build $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -12,33 +12,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.attribution import Attributor, FsProcRoot
-from agent.capping import CapBounds, Mode
-from agent.departure import DepartureCheck
-from agent.devices import inventory
-from agent.dra.claims import ClaimView
-from agent.forgetting import ForgetRequests
-from agent.gpus import GpuBackend, GpuError
-from agent.health.faults import FaultTracker
-from agent.hub import Hub
-from agent.lifecycle import Agent
-from agent.nudge import Nudge
-from agent.ownership import LoadStatus, OwnershipStore
-from agent.podevents import PodEvents
-from agent.pods import PodView
-from agent.reconciling import CycleListener, Reconciler
-from agent.reports import CycleReport
-from agent.running import AgentLoop, CycleThread
-from agent.settings import AgentSettings, BackendKind
-from agent.sim.claims import SimClaimView
-from agent.sim.limits import PersistentLimits
-from agent.sim.scenario import Scenario, default_scenario, load_scenario
-from agent.sim.views import SimGpuBackend, SimPodView
-from agent.sim.world import SimWorld
-from agent.stepping import Policy
-from kit.clock import Clock, SystemClock
-from kit.errors import BackendUnavailable, CapwatchError, PodViewError
-from kit.scratch import ScratchDirectory
+from capwatch.agent.attribution import Attributor, FsProcRoot
+from capwatch.agent.capping import CapBounds, Mode
+from capwatch.agent.departure import DepartureCheck
+from capwatch.agent.devices import inventory
+from capwatch.agent.dra.claims import ClaimView
+from capwatch.agent.forgetting import ForgetRequests
+from capwatch.agent.gpus import GpuBackend, GpuError
+from capwatch.agent.health.faults import FaultTracker
+from capwatch.agent.hub import Hub
+from capwatch.agent.lifecycle import Agent
+from capwatch.agent.nudge import Nudge
+from capwatch.agent.ownership import LoadStatus, OwnershipStore
+from capwatch.agent.podevents import PodEvents
+from capwatch.agent.pods import PodView
+from capwatch.agent.reconciling import CycleListener, Reconciler
+from capwatch.agent.reports import CycleReport
+from capwatch.agent.running import AgentLoop, CycleThread
+from capwatch.agent.settings import AgentSettings, BackendKind
+from capwatch.agent.sim.claims import SimClaimView
+from capwatch.agent.sim.limits import PersistentLimits
+from capwatch.agent.sim.scenario import Scenario, default_scenario, load_scenario
+from capwatch.agent.sim.views import SimGpuBackend, SimPodView
+from capwatch.agent.sim.world import SimWorld
+from capwatch.agent.stepping import Policy
+from capwatch.kit.clock import Clock, SystemClock
+from capwatch.kit.errors import BackendUnavailable, CapwatchError, PodViewError
+from capwatch.kit.scratch import ScratchDirectory
 
 log = logging.getLogger(__name__)
 
@@ -237,24 +237,26 @@ def _simulated(settings: AgentSettings) -> _Parts:
 def _real(settings: AgentSettings, clock: Clock) -> _Parts:
     # Imported here so that the simulator (demo, tests) never loads NVML or the
     # Kubernetes client.
-    from agent.kube.claims import (  # noqa: PLC0415
+    from capwatch.agent.kube.claims import (  # noqa: PLC0415
         CLAIM_READ_TIMEOUT_S,
         RESOURCE_API,
         SLICES_PATH,
         NodeClaims,
     )
-    from agent.kube.client import (  # noqa: PLC0415
-        CollectionRequests,
+    from capwatch.agent.kube.departure import KubeDepartureCheck  # noqa: PLC0415
+    from capwatch.agent.kube.pod_requests import (  # noqa: PLC0415
         KubernetesEventSink,
         KubernetesPodRequests,
+    )
+    from capwatch.agent.kube.podview import PodInformer  # noqa: PLC0415
+    from capwatch.agent.nvml.backend import NvmlBackend  # noqa: PLC0415
+    from capwatch.kube.client import (  # noqa: PLC0415
+        CollectionRequests,
         ObjectRequests,
         api_transport,
         group_version_served,
     )
-    from agent.kube.departure import KubeDepartureCheck  # noqa: PLC0415
-    from agent.kube.informer import WatchPolicy  # noqa: PLC0415
-    from agent.kube.podview import PodInformer  # noqa: PLC0415
-    from agent.nvml.backend import NvmlBackend  # noqa: PLC0415
+    from capwatch.kube.informer import WatchPolicy  # noqa: PLC0415
 
     assert settings.node_name is not None  # settings validation guarantees it
     backend = NvmlBackend.open()

@@ -50,7 +50,7 @@ class FsProcRoot:
 
     In the DaemonSet the agent runs with ``hostPID``, so ``/proc`` is the host's
     and every GPU process is visible. Tests and the simulator point ``root`` at a
-    tree written by :mod:`agent.sim.proctree`.
+    tree written by :mod:`capwatch.agent.sim.proctree`.
     """
 
     def __init__(self, root: Path = DEFAULT_PROC_ROOT) -> None:

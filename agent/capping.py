@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.dra.claims import ClaimCap, ClaimRef
-from agent.gpus import MAX_REQUEST_WATTS, PowerConstraints
-from agent.pods import PodInfo
-from agent.reports import CapSource, ClampDirection, SafeDefaultCause
+from capwatch.agent.dra.claims import ClaimCap, ClaimRef
+from capwatch.agent.gpus import MAX_REQUEST_WATTS, PowerConstraints
+from capwatch.agent.pods import PodInfo
+from capwatch.agent.reports import CapSource, ClampDirection, SafeDefaultCause
 
 DEFAULT_ANNOTATION_KEY = "capwatch.io/gpu-power-limit"
 

@@ -18,7 +18,7 @@ Anything else keeps the caps, an API server that cannot be asked included: a
 cap left in place after an uninstall is the cap its pod asked for, and the next
 capwatch on the node releases it; a default restored under a running job is
 the uncapped window this exists to prevent. The Kubernetes reads are
-:mod:`agent.kube.departure`'s, its rules :mod:`agent.kube.selection`'s.
+:mod:`capwatch.agent.kube.departure`'s, its rules :mod:`capwatch.agent.kube.selection`'s.
 """
 
 from __future__ import annotations

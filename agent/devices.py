@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.reports import CycleReport, GpuResult
-from kit.readiness import Readiness, ReadinessReason
+from capwatch.agent.reports import CycleReport, GpuResult
+from capwatch.kit.readiness import Readiness, ReadinessReason
 
 
 class DeviceHealth(str, Enum):

@@ -1,4 +1,4 @@
-"""Building one cycle's :class:`~agent.reports.CycleReport` as the reconciler goes.
+"""Building one cycle's :class:`~capwatch.agent.reports.CycleReport` as the reconciler goes.
 
 The reconciler adds each GPU's result and each cycle-level failure as it
 meets them; :meth:`CycleBuilder.finish` freezes the fold, with the cycle's
@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import logging
 
-from agent.health.telemetry import DeviceEvent
-from agent.reports import AbortReason, CycleFailure, CycleFailureKind, CycleReport, GpuResult
-from kit.clock import Clock
+from capwatch.agent.health.telemetry import DeviceEvent
+from capwatch.agent.reports import (
+    AbortReason,
+    CycleFailure,
+    CycleFailureKind,
+    CycleReport,
+    GpuResult,
+)
+from capwatch.kit.clock import Clock
 
-log = logging.getLogger("agent.reconciling")
+log = logging.getLogger("capwatch.agent.reconciling")
 
 
 class CycleBuilder:

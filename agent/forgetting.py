@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from agent.ownership import FILE_NAME, OwnershipRecord, OwnershipStore, read_records
-from agent.settings import STATE_DIR_OPTION
-from kit.errors import CapwatchError, OwnershipError
-from kit.flags import add_options, read_options
+from capwatch.agent.ownership import FILE_NAME, OwnershipRecord, OwnershipStore, read_records
+from capwatch.agent.settings import STATE_DIR_OPTION
+from capwatch.kit.errors import CapwatchError, OwnershipError
+from capwatch.kit.flags import add_options, read_options
 
 log = logging.getLogger(__name__)
 

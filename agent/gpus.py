@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from agent.health.telemetry import DeviceEvent, Readings
-from kit.errors import CapwatchError
+from capwatch.agent.health.telemetry import DeviceEvent, Readings
+from capwatch.kit.errors import CapwatchError
 
 
 class GpuErrorClass(str, Enum):
@@ -122,7 +122,7 @@ class GpuBackend(Protocol):
     def readings(self, index: int) -> Readings:
         """This cycle's reads of the device at ``index`` (power, throttling, ECC, row
         remapping). Never raises: a read that is not supported or failed is ``None``
-        in the result (see :class:`~agent.health.telemetry.Readings`)."""
+        in the result (see :class:`~capwatch.agent.health.telemetry.Readings`)."""
         ...
 
     def drain_events(self) -> tuple[DeviceEvent, ...]:

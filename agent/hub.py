@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from agent.devices import DeviceState, fold
-from agent.reports import CycleReport
-from kit.clock import Clock
-from kit.readiness import Readiness, evaluate
+from capwatch.agent.devices import DeviceState, fold
+from capwatch.agent.reports import CycleReport
+from capwatch.kit.clock import Clock
+from capwatch.kit.readiness import Readiness, evaluate
 
 DEFAULT_CAPACITY = 256
 

@@ -3,13 +3,13 @@
 Stop order (each step bounded so a hung NVML call cannot keep caps in place
 forever): tell the running cycle to stop at its next GPU boundary; wait for it
 up to the grace period; ask whether capwatch is leaving the node
-(:mod:`agent.departure`) and only then restore the default limit on every GPU
+(:mod:`capwatch.agent.departure`) and only then restore the default limit on every GPU
 this agent owns and persist the record (staying, the caps are left for the
 next agent; observe mode writes nothing); close the pod view and the GPU
 library. The readiness and serving steps that precede these belong to the
 server layer, which calls :meth:`Agent.stop` after it has stopped serving.
 
-Leaving the node, and why restoring waits for it, is :mod:`agent.departure`'s.
+Leaving the node, and why restoring waits for it, is :mod:`capwatch.agent.departure`'s.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import TypeVar
 
-from agent.departure import Departure, DepartureCheck, Standalone, staying_unknown
-from agent.gpus import GpuBackend
-from agent.hub import Hub
-from agent.podevents import PodEvents
-from agent.pods import PodView
-from agent.reconciling import Reconciler
-from agent.reports import GpuResult
-from agent.running import AgentLoop, CycleThread
-from agent.stepping import InFlightWrite
+from capwatch.agent.departure import Departure, DepartureCheck, Standalone, staying_unknown
+from capwatch.agent.gpus import GpuBackend
+from capwatch.agent.hub import Hub
+from capwatch.agent.podevents import PodEvents
+from capwatch.agent.pods import PodView
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import GpuResult
+from capwatch.agent.running import AgentLoop, CycleThread
+from capwatch.agent.stepping import InFlightWrite
 
 log = logging.getLogger(__name__)
 

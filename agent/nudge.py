@@ -5,7 +5,7 @@ this node, or a pod newly bound to it, asks for a cap that should be in place be
 the workload's first process starts, and the kubelet starts it within seconds of the
 binding: waiting for the interval would usually be too late. So the claims and pod
 informers call :meth:`Nudge.__call__` (from their threads) when such a change
-arrives, and the run loop (:class:`agent.running.AgentLoop`) runs the next cycle
+arrives, and the run loop (:class:`capwatch.agent.running.AgentLoop`) runs the next cycle
 early: ``SETTLE_S`` after the nudge (a scheduler's claim reservation and binding
 arrive together, so one cycle sees both), and never sooner than ``MIN_GAP_S`` after
 the previous cycle ended, so a burst of changes costs at most a few cycles a second.

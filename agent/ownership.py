@@ -3,7 +3,7 @@
 The record lets a restarted agent release caps that a dead one left behind,
 so a cap must never be in force without being on disk:
 
-* every claim that changes the record is persisted (:mod:`agent.durable`:
+* every claim that changes the record is persisted (:mod:`capwatch.agent.durable`:
   atomic, fsync'd, mode 0600) *before* the cap write it precedes. A crash at
   any instant then leaves at worst a record of a cap that was never written,
   and restoring a default that was never changed is harmless;
@@ -43,10 +43,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from agent.durable import read_regular, remove_temporaries, write_atomically
-from agent.pods import PodRef
-from kit.clock import Clock
-from kit.errors import OwnershipError
+from capwatch.agent.durable import read_regular, remove_temporaries, write_atomically
+from capwatch.agent.pods import PodRef
+from capwatch.kit.clock import Clock
+from capwatch.kit.errors import OwnershipError
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, Protocol
 
-from agent.pods import PodRef
-from agent.reports import CapSource, ClampDirection, CycleReport, GpuResult, Outcome
-from kit.errors import CapwatchError
+from capwatch.agent.pods import PodRef
+from capwatch.agent.reports import CapSource, ClampDirection, CycleReport, GpuResult, Outcome
+from capwatch.kit.errors import CapwatchError
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The pod view: which pods run on this node, and their annotations.
 
-Two implementations: ``agent.kube.informer`` (list+watch against the API server)
+Two implementations: ``kube.informer`` (list+watch against the API server)
 and ``agent.sim.world`` (the scenario file). The loop asks for a
 :class:`PodSnapshot` once per cycle; a view that is not synced raises
-:class:`~kit.errors.PodViewError` and the cycle aborts before touching a GPU.
+:class:`~capwatch.kit.errors.PodViewError` and the cycle aborts before touching a GPU.
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ obtained. Each failure class below fails it, none is silently absorbed:
 
 Idle GPUs (no compute processes) are never written and count neither way,
 unless this agent capped them earlier: then they are released; one GPU's step,
-the unclaimed policy and observe mode included, is :mod:`agent.stepping`'s.
+the unclaimed policy and observe mode included, is :mod:`capwatch.agent.stepping`'s.
 The per-GPU fold never short-circuits. A shutdown request short-circuits the cycle and
 returns the fold so far: a clean prefix stays enforced, an earlier failure
 stays a failure.
 
-Persisting the ownership record (see :mod:`agent.ownership`): a claim that
+Persisting the ownership record (see :mod:`capwatch.agent.ownership`): a claim that
 changes the record is saved before its write; everything else is saved as
 the cycle ends, on every path (an abort, a shutdown short-circuit). A save
 that fails is retried and does not fail the cycle, unless the record has
@@ -35,16 +35,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from agent.attribution import Attributor
-from agent.dra.claims import ClaimsSnapshot, ClaimView, NoClaims
-from agent.folding import CycleBuilder
-from agent.forgetting import ForgetRequests
-from agent.gpus import GpuBackend, GpuError
-from agent.health.faults import FaultTracker
-from agent.health.telemetry import NO_READINGS
-from agent.ownership import UNSAVED_CYCLES_LIMIT, OwnershipStore
-from agent.pods import PodSnapshot, PodView
-from agent.reports import (
+from capwatch.agent.attribution import Attributor
+from capwatch.agent.dra.claims import ClaimsSnapshot, ClaimView, NoClaims
+from capwatch.agent.folding import CycleBuilder
+from capwatch.agent.forgetting import ForgetRequests
+from capwatch.agent.gpus import GpuBackend, GpuError
+from capwatch.agent.health.faults import FaultTracker
+from capwatch.agent.health.telemetry import NO_READINGS
+from capwatch.agent.ownership import UNSAVED_CYCLES_LIMIT, OwnershipStore
+from capwatch.agent.pods import PodSnapshot, PodView
+from capwatch.agent.reports import (
     AbortReason,
     CycleFailureKind,
     CycleReport,
@@ -52,9 +52,9 @@ from agent.reports import (
     Outcome,
     Reason,
 )
-from agent.stepping import GpuStep, InFlightWrite, Policy
-from kit.clock import Clock
-from kit.errors import PodViewError
+from capwatch.agent.stepping import GpuStep, InFlightWrite, Policy
+from capwatch.kit.clock import Clock
+from capwatch.kit.errors import PodViewError
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ import functools
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.dra.claims import ClaimRef
-from agent.dra.slices import DeviceName
-from agent.gpus import GpuErrorClass
-from agent.health.faults import Fault
-from agent.health.telemetry import DeviceEvent, Readings
-from agent.pods import PodRef
-from kit.readiness import STATE_UNWRITABLE_TOKEN
+from capwatch.agent.dra.claims import ClaimRef
+from capwatch.agent.dra.slices import DeviceName
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.health.faults import Fault
+from capwatch.agent.health.telemetry import DeviceEvent, Readings
+from capwatch.agent.pods import PodRef
+from capwatch.kit.readiness import STATE_UNWRITABLE_TOKEN
 
 
 class Outcome(str, Enum):

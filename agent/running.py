@@ -23,12 +23,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
-from agent.folding import crashed_report
-from agent.hub import Hub
-from agent.nudge import MIN_GAP_S, SETTLE_S, Nudge
-from agent.reconciling import Reconciler
-from agent.reports import CycleReport
-from kit.clock import Clock
+from capwatch.agent.folding import crashed_report
+from capwatch.agent.hub import Hub
+from capwatch.agent.nudge import MIN_GAP_S, SETTLE_S, Nudge
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import CycleReport
+from capwatch.kit.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,17 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from agent.capping import DEFAULT_ANNOTATION_KEY, Mode, UnclaimedPolicy
-from agent.dra.slices import DEFAULT_UUID_ATTRIBUTE
-from agent.gpus import MAX_REQUEST_WATTS
-from agent.health.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, XidPolicy, parse_xids
-from kit.errors import ConfigError
-from kit.flags import (
+from capwatch.agent.capping import DEFAULT_ANNOTATION_KEY, Mode, UnclaimedPolicy
+from capwatch.agent.dra.slices import DEFAULT_UUID_ATTRIBUTE
+from capwatch.agent.gpus import MAX_REQUEST_WATTS
+from capwatch.agent.health.faults import (
+    DEFAULT_FAULT_RECOVERY_S,
+    DEFAULT_XID_IGNORE,
+    XidPolicy,
+    parse_xids,
+)
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.flags import (
     LOG_FORMAT_OPTION,
     LogFormat,
     Option,
@@ -37,11 +42,11 @@ from kit.flags import (
     release_name,
     writable_directory,
 )
-from kit.names import is_dns_label, is_dns_subdomain, node_name
+from capwatch.kit.names import is_dns_label, is_dns_subdomain, node_name
 
 DEFAULT_INTERVAL_S = 15.0
 # How long the pod watch may deliver nothing before the view counts as not
-# synced (agent/kube/informer.py): much shorter than the ~105 s it took before a
+# synced (kube/informer.py): much shorter than the ~105 s it took before a
 # silent watch was noticed, and a watch request per node every 15-20 s.
 DEFAULT_POD_SILENCE_BOUND_S = 30.0
 MIN_POD_SILENCE_BOUND_S = 5.0

@@ -1,11 +1,11 @@
 """One GPU's step in a cycle: identify it, find who asks what of it, then cap,
 release, leave it, or (observe mode) say what would have been written.
 
-The rules (see :mod:`agent.reconciling` for the cycle around them): a GPU whose
+The rules (see :mod:`capwatch.agent.reconciling` for the cycle around them): a GPU whose
 claims cannot be read is held as it is; an idle GPU is released if this agent
 capped it, else left alone; with the unclaimed policy ``leave`` a busy GPU nobody
 asks a cap for is treated the same way; everything else gets the cap the policy
-resolves (:mod:`agent.capping`), claimed in the ownership record before it is
+resolves (:mod:`capwatch.agent.capping`), claimed in the ownership record before it is
 written. Observe mode reaches every decision and writes nothing, the record
 included. The stable reasons and messages a step's result carries are here too.
 """
@@ -15,13 +15,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from agent.attribution import Attributor
-from agent.capping import NO_BOUNDS, CapBounds, CapDecision, Mode, UnclaimedPolicy, resolve_cap
-from agent.dra.claims import ClaimCap, ClaimsSnapshot
-from agent.gpus import GpuBackend, GpuError, WriteOutcome, WriteResult
-from agent.ownership import OwnershipRecord, OwnershipStore
-from agent.pods import PodInfo, PodRef, PodSnapshot
-from agent.reports import GpuResult, Outcome, Reason
+from capwatch.agent.attribution import Attributor
+from capwatch.agent.capping import (
+    NO_BOUNDS,
+    CapBounds,
+    CapDecision,
+    Mode,
+    UnclaimedPolicy,
+    resolve_cap,
+)
+from capwatch.agent.dra.claims import ClaimCap, ClaimsSnapshot
+from capwatch.agent.gpus import GpuBackend, GpuError, WriteOutcome, WriteResult
+from capwatch.agent.ownership import OwnershipRecord, OwnershipStore
+from capwatch.agent.pods import PodInfo, PodRef, PodSnapshot
+from capwatch.agent.reports import GpuResult, Outcome, Reason
 
 # -- what a step reports: stable reasons and messages -----------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from google.protobuf.duration_pb2 import Duration
 
-from api.durations import seconds
+from capwatch.api.durations import seconds
 
 MIN_HEARTBEAT_S = 1.0
 MAX_HEARTBEAT_S = 3600.0
@@ -29,7 +29,7 @@ MAX_UUID_LENGTH = 128
 def requested_heartbeat(requested: Duration) -> float | None:
     """The heartbeat period a Watch request asks for, in seconds; None for the server's
     default (zero, sent or not: the protos say so, and a JSON client sending "0s" sets
-    the field). Raises :class:`~api.durations.DurationError` outside 1 s to 1 h (the
+    the field). Raises :class:`~capwatch.api.durations.DurationError` outside 1 s to 1 h (the
     agent's Watch and the controller's cluster Watch alike)."""
     if not (requested.seconds or requested.nanos):
         return None

@@ -1,11 +1,15 @@
-"""The ``capwatch`` commands, above every other package: the only room that wires them all.
+"""capwatch's one import name, and its commands, above every other room.
 
-``cli`` (the command line), ``launch`` (the node agent with its server and
-metrics), ``shim`` (the readiness probe), ``pool`` (many simulated nodes),
-``watch`` (the terminal UI) and ``demo``. Below it: ``controller`` (the
-cluster side), ``client`` (the subscriber library), ``server`` (the agent's
-protocol edge), ``api`` (the wire contract), ``agent`` (the enforcement loop)
-and ``kit``; none of them imports this package.
+Every room imports and installs as ``capwatch.<room>``: the folders stay at the
+top of the repository and ``capwatch/<room>`` links to each (the wheel holds
+them as real subpackages). The commands are this package's own modules, the
+only ones that wire the rooms together: ``cli`` (the command line), ``launch``
+(the node agent with its server and metrics), ``shim`` (the readiness probe),
+``pool`` (many simulated nodes), ``watch`` (the terminal UI) and ``demo``.
+Below them: ``controller`` (the cluster side), ``client`` (the subscriber
+library), ``server`` (the agent's protocol edge), ``api`` (the wire contract),
+``agent`` (the enforcement loop), ``kube`` (the Kubernetes API both sides
+speak) and ``kit``; none of them imports the commands.
 
 grpc core (C) logs on its own, to stderr. Since it moved to absl logging it
 prints INFO lines when ``GRPC_VERBOSITY`` is unset, among them one per failed

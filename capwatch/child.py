@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from kit.flags import is_digits
+from capwatch.kit.flags import is_digits
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _POLL_S = 0.5

@@ -16,10 +16,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from kit.errors import CapwatchError, ConfigError
+from capwatch.kit.errors import CapwatchError, ConfigError
 
 if TYPE_CHECKING:
-    from kit.flags import Option
+    from capwatch.kit.flags import Option
 
 log = logging.getLogger("capwatch")
 
@@ -93,8 +93,8 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     if command == "agent":
-        from agent.settings import add_agent_arguments
-        from server.settings import add_server_arguments
+        from capwatch.agent.settings import add_agent_arguments
+        from capwatch.server.settings import add_server_arguments
 
         add_agent_arguments(parser)
         add_server_arguments(parser)
@@ -115,11 +115,11 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
 
         add_pool_arguments(parser)
     elif command == "probe":
-        from agent.nvml.probe import add_probe_arguments
+        from capwatch.agent.nvml.probe import add_probe_arguments
 
         add_probe_arguments(parser)
     elif command == "controller":
-        from controller.settings import add_controller_arguments
+        from capwatch.controller.settings import add_controller_arguments
 
         parser.add_argument(
             "action",
@@ -130,15 +130,15 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         )
         add_controller_arguments(parser)
     else:
-        from agent.forgetting import add_forget_arguments
-        from kit.flags import add_options
+        from capwatch.agent.forgetting import add_forget_arguments
+        from capwatch.kit.flags import add_options
 
         add_forget_arguments(parser)
         add_options(parser, _forget_logging())
 
 
 def _forget_logging() -> tuple[Option, ...]:
-    from kit.flags import LOG_FORMAT_OPTION, log_level_option
+    from capwatch.kit.flags import LOG_FORMAT_OPTION, log_level_option
 
     return (log_level_option("warning"), LOG_FORMAT_OPTION)
 
@@ -162,10 +162,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.command == "agent":
-        from agent.settings import agent_settings
+        from capwatch.agent.settings import agent_settings
         from capwatch.launch import run_agent, settle_heap_when_serving
         from capwatch.logs import configure_logging
-        from server.settings import server_settings
+        from capwatch.server.settings import server_settings
 
         settings = agent_settings(args, environ)
         serving = server_settings(args, environ)
@@ -183,9 +183,9 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         configure_logging(watching.log_level, watching.log_format)
         return run_watch(watching)
     if args.command == "forget":
-        from agent.forgetting import run_forget
+        from capwatch.agent.forgetting import run_forget
+        from capwatch.kit.flags import read_options
         from capwatch.logs import configure_logging
-        from kit.flags import read_options
 
         logging_values = read_options(args, environ, _forget_logging())
         configure_logging(logging_values["log_level"], logging_values["log_format"])
@@ -193,9 +193,9 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.command == "controller":
         return _controller(args, environ)
     if args.command == "probe":
-        from agent.nvml.probe import probe_settings, run_probe
+        from capwatch.agent.nvml.probe import probe_settings, run_probe
+        from capwatch.kit.flags import LogFormat
         from capwatch.logs import configure_logging
-        from kit.flags import LogFormat
 
         probing = probe_settings(args, environ)
         configure_logging("WARNING", LogFormat.TEXT)
@@ -219,16 +219,16 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _controller(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from capwatch.controller.settings import controller_settings
     from capwatch.logs import configure_logging
-    from controller.settings import controller_settings
 
     settings = controller_settings(args, environ)
     configure_logging(settings.log_level, settings.log_format)
     if args.action == "cleanup":
-        from controller.cleanup import run_cleanup
+        from capwatch.controller.cleanup import run_cleanup
 
         return asyncio.run(run_cleanup(settings, out=sys.stdout))
-    from controller.running import run_controller
+    from capwatch.controller.running import run_controller
 
     return asyncio.run(run_controller(settings))
 

@@ -16,19 +16,19 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from agent.assembly import build_agent
-from agent.lifecycle import Agent, ShutdownSummary
-from agent.reports import CycleReport
-from agent.settings import AgentSettings
-from kit.heap import settle_heap
-from server.grpc.publication import Publication
-from server.grpc.serving import AgentServer
+from capwatch.agent.assembly import build_agent
+from capwatch.agent.lifecycle import Agent, ShutdownSummary
+from capwatch.agent.reports import CycleReport
+from capwatch.agent.settings import AgentSettings
+from capwatch.kit.heap import settle_heap
+from capwatch.server.grpc.publication import Publication
+from capwatch.server.grpc.serving import AgentServer
 
 if TYPE_CHECKING:
-    from server.grpc.sim_driver import SimDriverServer
-from server.metrics.cycle_metrics import Metrics
-from server.metrics.endpoint import MetricsServer
-from server.settings import ServerSettings
+    from capwatch.server.grpc.sim_driver import SimDriverServer
+from capwatch.server.metrics.cycle_metrics import Metrics
+from capwatch.server.metrics.endpoint import MetricsServer
+from capwatch.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +138,11 @@ def _sim_driver(
     claims and slice through the cluster's API (in-cluster, else --kubeconfig)."""
     # Imported here: an agent without the sim driver never loads the kubelet's APIs
     # nor, with the sim backend, the API server's client.
-    from agent.dra.simdriver import SimDevice  # noqa: PLC0415
-    from agent.kube.claims import CLAIM_READ_TIMEOUT_S  # noqa: PLC0415
-    from agent.kube.client import ObjectRequests, api_transport  # noqa: PLC0415
-    from agent.kube.slice_publisher import SlicePublisher  # noqa: PLC0415
-    from server.grpc.sim_driver import SimDriverServer  # noqa: PLC0415
+    from capwatch.agent.dra.simdriver import SimDevice  # noqa: PLC0415
+    from capwatch.agent.kube.claims import CLAIM_READ_TIMEOUT_S  # noqa: PLC0415
+    from capwatch.agent.kube.slice_publisher import SlicePublisher  # noqa: PLC0415
+    from capwatch.kube.client import ObjectRequests, api_transport  # noqa: PLC0415
+    from capwatch.server.grpc.sim_driver import SimDriverServer  # noqa: PLC0415
 
     transport = api_transport(
         None if settings.kubeconfig is None else str(settings.kubeconfig),
@@ -166,7 +166,7 @@ def _sim_driver(
 
 async def settle_heap_when_serving(_: AgentServer) -> None:
     """The agent command's ``on_serving``: its start-up heap out of the collector's reach
-    before the first cycle (why: :mod:`kit.heap`)."""
+    before the first cycle (why: :mod:`capwatch.kit.heap`)."""
     log.debug("start-up heap settled: %d objects frozen", settle_heap())
 
 

@@ -8,7 +8,7 @@ message keeps the prose: ``{"message": "cycle", "seq": 4, "enforced": "true"}``.
 What a client does wrong (a request that does not parse, a stream refused a
 slot) is worth one line, never a traceback, and never a line per request: a
 client that repeats it thousands of times must not flood the log. A
-:class:`kit.throttling.ThrottledLog` lets a burst of lines through, then one every few
+:class:`capwatch.kit.throttling.ThrottledLog` lets a burst of lines through, then one every few
 seconds, and counts the rest; the next line that gets through says how many
 were suppressed since the last. (The metrics count every one.)
 """
@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from kit.flags import LogFormat
+from capwatch.kit.flags import LogFormat
 
 # One printf-style conversion, as logging's %-formatting takes them.
 _CONVERSION = re.compile(

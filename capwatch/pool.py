@@ -1,14 +1,14 @@
 """``capwatch pool``: many simulated nodes behind one gRPC server, for scale tests and demos.
 
-Every node of the pool (:mod:`agent.sim.pool`) is served as a node agent is --
+Every node of the pool (:mod:`capwatch.agent.sim.pool`) is served as a node agent is --
 capwatch.v1 ``Watch`` and ``GetSnapshot``, the DRA mirrors, heartbeats, resume --
-selected by the node name in the request (:mod:`server.grpc.nodes`). A controller
+selected by the node name in the request (:mod:`capwatch.server.grpc.nodes`). A controller
 follows a pool exactly as it follows real agents: one stream per node, naming
 its node; a static targets file lists every node at the pool's address
 (``--targets-out`` writes it).
 
 Faults on a schedule (``--fault KIND:FRACTION@START+DURATION[/EVERY]``, see
-:mod:`agent.sim.poolspec`) give the controller transitions to detect; with
+:mod:`capwatch.agent.sim.poolspec`) give the controller transitions to detect; with
 ``--transitions-out`` every change of a node's enforcement is written as one
 JSON line (node, cycle sequence, enforced, the cycle's end in wall-clock and
 in monotonic seconds), which is what a benchmark measures detection latency
@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from agent.reports import CycleReport
-from agent.sim.pool import Pool, PoolNode, PoolSettings
-from agent.sim.poolspec import PoolFaultKind, node_names, parse_fault
-from kit.addresses import host_port
-from kit.clock import Clock, SystemClock
-from kit.errors import ConfigError
-from kit.flags import (
+from capwatch.agent.reports import CycleReport
+from capwatch.agent.sim.pool import Pool, PoolNode, PoolSettings
+from capwatch.agent.sim.poolspec import PoolFaultKind, node_names, parse_fault
+from capwatch.kit.addresses import host_port
+from capwatch.kit.clock import Clock, SystemClock
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.flags import (
     LOG_FORMAT_OPTION,
     LogFormat,
     Option,
@@ -47,12 +47,12 @@ from kit.flags import (
     positive_float,
     read_options,
 )
-from kit.names import MAX_SUBDOMAIN, is_node_name
-from server.grpc.mapping import DeviceNamer
-from server.grpc.nodes import ManyNodes, NodeState
-from server.grpc.publication import Publication
-from server.grpc.serving import AgentServer
-from server.settings import DEFAULT_DEVICE_NAME, Listener, ServerSettings
+from capwatch.kit.names import MAX_SUBDOMAIN, is_node_name
+from capwatch.server.grpc.mapping import DeviceNamer
+from capwatch.server.grpc.nodes import ManyNodes, NodeState
+from capwatch.server.grpc.publication import Publication
+from capwatch.server.grpc.serving import AgentServer
+from capwatch.server.settings import DEFAULT_DEVICE_NAME, Listener, ServerSettings
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ readiness rule holds, 503 otherwise, with the reason and the last good
 cycle's age in a one-line body. It fails closed: from the moment the stream
 is lost until a fresh good cycle arrives, the answer is 503 ``stream-lost``.
 On the unix socket the client retries at least once per agent interval (and
-once a second; :mod:`kit.backoff`), so after an agent outage the answer is
+once a second; :mod:`capwatch.kit.backoff`), so after an agent outage the answer is
 200 again within about one interval of the agent's return. A port that cannot
 be bound is fatal at start.
 """
@@ -23,15 +23,14 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from capwatch.logs import configure_logging
-from client.connection import CONNECTION_OPTIONS, Connection, connection
-from client.node_health import NodeHealthClient
-from client.stream_events import Cycle, Disconnected, Heartbeat, Snapshot
-from client.stream_readiness import StreamReadiness
-from kit.addresses import listen_address, listen_port
-from kit.clock import Clock, SystemClock
-from kit.errors import CapwatchError
-from kit.flags import (
+from capwatch.client.connection import CONNECTION_OPTIONS, Connection, connection
+from capwatch.client.node_health import NodeHealthClient
+from capwatch.client.stream_events import Cycle, Disconnected, Heartbeat, Snapshot
+from capwatch.client.stream_readiness import StreamReadiness
+from capwatch.kit.addresses import listen_address, listen_port
+from capwatch.kit.clock import Clock, SystemClock
+from capwatch.kit.errors import CapwatchError
+from capwatch.kit.flags import (
     LOG_FORMAT_OPTION,
     LogFormat,
     Option,
@@ -39,7 +38,8 @@ from kit.flags import (
     log_level_option,
     read_options,
 )
-from server.http.readyz import Answer, ReadyzServer
+from capwatch.logs import configure_logging
+from capwatch.server.http.readyz import Answer, ReadyzServer
 
 log = logging.getLogger(__name__)
 

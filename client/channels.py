@@ -17,7 +17,7 @@ minimum connect timeout stays grpc's 20 s: grpc reads
 ``grpc.min_reconnect_backoff_ms`` as the least time a connection attempt is
 given, and at 0.2 s a controller dialling thousands of agents at once saw its
 handshakes time out and start again for as long as the storm they made lasted
-(bench/connection_floor.py --variants: 1,000 bare channels never all connected
+(bench/scenarios/connection_floor.py --variants: 1,000 bare channels never all connected
 in 60 s; without it 3,000 connected in 1.6 s). A channel is closed when its
 last client releases it.
 """

@@ -2,7 +2,7 @@
 
 :class:`ClusterHealthClient` turns ``capwatch.v1.ClusterHealthService/Watch``
 into typed events, with the same reconnecting as
-:class:`~client.node_health.NodeHealthClient` (:mod:`client.retrying`): on any
+:class:`~capwatch.client.node_health.NodeHealthClient` (:mod:`capwatch.client.retrying`): on any
 failure it yields :class:`Disconnected`, waits (0.2 s doubling to 10 s, full
 jitter), reconnects and resumes after the last update it saw, so the consumer
 gets exactly the updates it missed, or a snapshot marked ``resync`` when the
@@ -33,9 +33,9 @@ from typing import Any
 
 import grpc
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
-from client.retrying import (
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
+from capwatch.client.retrying import (
     DEFAULT_SNAPSHOT_TIMEOUT_S,
     ClientError,
     MonotonicClock,
@@ -44,7 +44,7 @@ from client.retrying import (
     duration_seconds,
     silence_after,
 )
-from client.stream_events import (
+from capwatch.client.stream_events import (
     ClusterEvent,
     ClusterHeartbeat,
     ClusterSnapshot,
@@ -52,8 +52,8 @@ from client.stream_events import (
     NodeUpdate,
     Position,
 )
-from kit.backoff import Backoff
-from kit.errors import ConfigError
+from capwatch.kit.backoff import Backoff
+from capwatch.kit.errors import ConfigError
 
 __all__ = [
     "ClientError",
@@ -93,7 +93,7 @@ class ClusterHealthClient(RetryingClient):
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         """``target``: the controller's ``host:port`` (its gRPC port, 50052). TLS and
-        ``options`` as for :class:`~client.node_health.NodeHealthClient`.
+        ``options`` as for :class:`~capwatch.client.node_health.NodeHealthClient`.
         ``heartbeat_interval``: None for the controller's (10 s). ``silence_timeout``:
         give up on a stream that sent nothing for this long (default: three
         heartbeat periods plus a second; ``math.inf`` relies on keepalive alone)."""

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.endpoints import AGENT_SOCKET
-from kit.addresses import host_port
-from kit.errors import ConfigError
-from kit.flags import Option, optional_path
-from kit.tls import ca_flag, pair_flags
+from capwatch.api.endpoints import AGENT_SOCKET
+from capwatch.kit.addresses import host_port
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.flags import Option, optional_path
+from capwatch.kit.tls import ca_flag, pair_flags
 
 DEFAULT_TARGET = f"unix://{AGENT_SOCKET}"
 

@@ -8,9 +8,9 @@ gets exactly the cycles it missed, or a snapshot marked ``resync`` when the
 agent no longer buffers them or restarted. It never gives up on its own: stop
 iterating (or call :meth:`NodeHealthClient.close`) to stop. See docs/client.md.
 
-The retry loop is :mod:`client.retrying`'s (shared with the controller's
-:class:`~client.cluster_health.ClusterHealthClient`); the wait between attempts
-is :mod:`kit.backoff`'s: 0.2 s doubling to 10 s for a network target, at
+The retry loop is :mod:`capwatch.client.retrying`'s (shared with the controller's
+:class:`~capwatch.client.cluster_health.ClusterHealthClient`); the wait between attempts
+is :mod:`capwatch.kit.backoff`'s: 0.2 s doubling to 10 s for a network target, at
 most one agent interval (and 1 s) on a unix socket.
 
 Example::
@@ -38,14 +38,14 @@ from typing import Any
 
 import grpc
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from api.gen.v1 import dra_health_pb2 as v1_pb
-from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
-from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
-from api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
-from client.channels import SharedChannels
-from client.retrying import (
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.v1 import dra_health_pb2_grpc as v1_grpc
+from capwatch.api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from capwatch.api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
+from capwatch.client.channels import SharedChannels
+from capwatch.client.retrying import (
     CHANNEL_OPTIONS,
     DEFAULT_SNAPSHOT_TIMEOUT_S,
     SILENT_MARGIN_S,
@@ -56,7 +56,7 @@ from client.retrying import (
     duration_seconds,
     silence_after,
 )
-from client.stream_events import (
+from capwatch.client.stream_events import (
     Cycle,
     DeviceList,
     Disconnected,
@@ -68,8 +68,8 @@ from client.stream_events import (
     Position,
     Snapshot,
 )
-from kit.backoff import Backoff, local_backoff
-from kit.errors import ConfigError
+from capwatch.kit.backoff import Backoff, local_backoff
+from capwatch.kit.errors import ConfigError
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -124,7 +124,7 @@ class NodeHealthClient(RetryingClient):
         known; ``math.inf`` relies on keepalive alone). ``options`` are extra
         channel arguments, overriding :data:`CHANNEL_OPTIONS`. ``channels``: stream
         on the channel every client of the target shares (a controller following
-        many nodes at one address: :mod:`client.channels`)."""
+        many nodes at one address: :mod:`capwatch.client.channels`)."""
         super().__init__(
             target=target,
             root_certificates=root_certificates,

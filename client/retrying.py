@@ -4,12 +4,12 @@
 its TLS credentials and channel options, validated up front, and runs a
 server-streaming call for ever: on any failure (an error status, the server
 ending the stream, or a stream silent for too long) it yields
-:class:`~client.stream_events.Disconnected`, waits (:mod:`kit.backoff`: exponential,
-full jitter; ``attempt`` resets whenever a message arrives), opens a new
+:class:`~capwatch.client.stream_events.Disconnected`, waits (:mod:`capwatch.kit.backoff`:
+exponential, full jitter; ``attempt`` resets whenever a message arrives), opens a new
 channel and calls again. What the call is, what it asks for on each attempt
 (a resume position) and what each message becomes are the subclass's:
-:class:`~client.node_health.NodeHealthClient` follows a node agent,
-:class:`~client.cluster_health.ClusterHealthClient` a controller.
+:class:`~capwatch.client.node_health.NodeHealthClient` follows a node agent,
+:class:`~capwatch.client.cluster_health.ClusterHealthClient` a controller.
 
 A message that parses but makes no sense (a Duration no timedelta holds, a
 negative interval: :class:`MalformedMessage`, raised by the subclass's reading
@@ -39,14 +39,14 @@ from typing import Any, Protocol, Self, TypeVar
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
-from api.durations import DurationError, seconds
-from api.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
-from client.channels import SharedChannels
-from client.stream_events import Disconnected
-from kit.backoff import LOCAL_CHANNEL_OPTIONS, Backoff, is_local, local_backoff
-from kit.clock import SystemClock
-from kit.errors import CapwatchError, ConfigError
-from kit.throttling import ThrottledLog
+from capwatch.api.durations import DurationError, seconds
+from capwatch.api.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
+from capwatch.client.channels import SharedChannels
+from capwatch.client.stream_events import Disconnected
+from capwatch.kit.backoff import LOCAL_CHANNEL_OPTIONS, Backoff, is_local, local_backoff
+from capwatch.kit.clock import SystemClock
+from capwatch.kit.errors import CapwatchError, ConfigError
+from capwatch.kit.throttling import ThrottledLog
 
 log = logging.getLogger(__name__)
 # One generator for every client's reconnect jitter (one event loop draws from it): a
@@ -132,7 +132,7 @@ class RetryingClient:
     ) -> None:
         """TLS when any certificate bytes or ``credentials`` are given. ``options`` are
         extra channel arguments, overriding :data:`CHANNEL_OPTIONS`. ``channels``: call
-        on the channel shared by every client of the target (:mod:`client.channels`,
+        on the channel shared by every client of the target (:mod:`capwatch.client.channels`,
         which then holds the credentials), not on one of this client's own. Raises
         ConfigError."""
         if not target:

@@ -1,5 +1,5 @@
-"""What :class:`client.node_health.NodeHealthClient` and
-:class:`client.cluster_health.ClusterHealthClient` yield, as plain typed values.
+"""What :class:`capwatch.client.node_health.NodeHealthClient` and
+:class:`capwatch.client.cluster_health.ClusterHealthClient` yield, as plain typed values.
 
 Each event wraps the protobuf message it came from and the client's monotonic
 time of receipt, so a consumer can age what the agent (or the controller)
@@ -13,10 +13,10 @@ from enum import Enum
 
 import grpc
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.v1 import dra_health_pb2 as v1_pb
-from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 
 
 class DraVersion(str, Enum):

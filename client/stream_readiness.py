@@ -3,7 +3,7 @@
 The agent reports ages measured on its monotonic clock at send time; the shim
 adds its own monotonic time since it received them. Wall clocks never enter:
 stepping either machine's clock changes nothing. The rule itself is the
-agent's (:func:`kit.readiness.evaluate`).
+agent's (:func:`capwatch.kit.readiness.evaluate`).
 
 Fail closed: from the moment the stream is lost the answer is ``stream-lost``,
 until a fresh enforced cycle arrives on a new stream. A snapshot after a
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from kit.readiness import Readiness, ReadinessReason, evaluate
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.kit.readiness import Readiness, ReadinessReason, evaluate
 
 
 @dataclass(frozen=True, kw_only=True)

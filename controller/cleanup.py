@@ -31,14 +31,14 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TextIO, TypeVar
 
-from controller.conditions import CONDITION_TYPE
-from controller.errors import ApiError, NotFound
-from controller.kube import NODES, TAINT_RULES, KubeApi, api_client
-from controller.settings import CleanupLimits, ControllerSettings
-from controller.taints import TaintPolicy
-from kit.backoff import Backoff
-from kit.clock import Clock, SystemClock
-from kit.errors import CapwatchError, ConfigError
+from capwatch.controller.conditions import CONDITION_TYPE
+from capwatch.controller.errors import ApiError, NotFound
+from capwatch.controller.kube import NODES, TAINT_RULES, KubeApi, api_client
+from capwatch.controller.settings import CleanupLimits, ControllerSettings
+from capwatch.controller.taints import TaintPolicy
+from capwatch.kit.backoff import Backoff
+from capwatch.kit.clock import Clock, SystemClock
+from capwatch.kit.errors import CapwatchError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ _T = TypeVar("_T")
 
 
 class CleanupApi(Protocol):
-    """What the cleanup asks of the API server (:class:`controller.kube.KubeApi`)."""
+    """What the cleanup asks of the API server (:class:`capwatch.controller.kube.KubeApi`)."""
 
     async def list_page(
         self, path: str, *, label_selector: str, token: str, deadline_s: float

@@ -1,6 +1,6 @@
 """Which agents to follow, and which nodes should have one.
 
-- **Agent pods**, by list+watch (:mod:`agent.kube.informer`) of the chart's agent
+- **Agent pods**, by list+watch (:mod:`capwatch.kube.informer`) of the chart's agent
   pods in the release namespace, keyed by ``spec.nodeName`` and dialled at
   ``podIP:<agent port>``. Pods, not EndpointSlices: an EndpointSlice lists only
   ready endpoints, and an unready agent is exactly the one whose node must be
@@ -34,14 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.kube.informer import Informer, ListWatchRequests, WatchPolicy
-from agent.kube.wire import as_mapping
-from controller.conditions import CONDITION_TYPE, NodeCondition
-from controller.objects import node_condition, resource_version
-from kit.addresses import host_port
-from kit.clock import Clock
-from kit.errors import ConfigError
-from kit.names import is_node_name
+from capwatch.controller.conditions import CONDITION_TYPE, NodeCondition
+from capwatch.controller.objects import node_condition, resource_version
+from capwatch.kit.addresses import host_port
+from capwatch.kit.clock import Clock
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.names import is_node_name
+from capwatch.kube.informer import Informer, ListWatchRequests, WatchPolicy
+from capwatch.kube.wire import as_mapping
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import math
 import sys
 from typing import Any, TextIO
 
-from controller.conditions import CONDITION_TYPE, NodeCondition
-from controller.objects import FieldOwner
-from controller.writes.recorder import NodeEvent
+from capwatch.controller.conditions import CONDITION_TYPE, NodeCondition
+from capwatch.controller.objects import FieldOwner
+from capwatch.controller.writes.recorder import NodeEvent
 
 
 class PrintingApi:

@@ -1,8 +1,8 @@
-"""The controller's errors, below :class:`kit.errors.CapwatchError`."""
+"""The controller's errors, below :class:`capwatch.kit.errors.CapwatchError`."""
 
 from __future__ import annotations
 
-from kit.errors import CapwatchError
+from capwatch.kit.errors import CapwatchError
 
 
 class ApiError(CapwatchError):

@@ -1,14 +1,14 @@
 """One supervised stream per agent target, started and stopped as discovery changes.
 
-Each target gets a :class:`~client.node_health.NodeHealthClient` that names the node
+Each target gets a :class:`~capwatch.client.node_health.NodeHealthClient` that names the node
 it expects (the agent refuses a stream for another node, so a recycled pod IP
 never reports the wrong node's health), reconnects for ever with jittered
 backoff, and resumes from the last cycle it saw. Every event goes to the
-:class:`~controller.tracking.NodeTracker`. Followers keep streaming whether
+:class:`~capwatch.controller.tracking.NodeTracker`. Followers keep streaming whether
 or not this replica leads its shard: a standby is hot, and serves the
 cluster stream from the same state.
 
-Dials are paced (``dials``, a :class:`~kit.pacing.TokenBucket`: ``--dial-rate`` a
+Dials are paced (``dials``, a :class:`~capwatch.kit.pacing.TokenBucket`: ``--dial-rate`` a
 second, a second's worth at once): at a start, or a takeover of a shard's discovery,
 thousands of followers begin together, and each opens a connection (a TCP and HTTP/2
 handshake, TLS where configured) on the controller's own cores. Paced, 5,000 nodes are
@@ -18,7 +18,7 @@ of others; unpaced, how long it takes is whatever the storm makes of it.
 A follower task that ends by itself is a bug (the client never gives up: a
 message it cannot read is a Disconnected like any failure, retried with the
 client's own backoff): it is logged and started again after the one backoff
-(:mod:`kit.backoff`: full jitter, 1 s doubling to a minute, counted per node
+(:mod:`capwatch.kit.backoff`: full jitter, 1 s doubling to a minute, counted per node
 and reset once a follower has run a minute), so one node's failure never stops
 the others and a follower that keeps dying does not restart every second.
 """
@@ -31,10 +31,10 @@ import logging
 import random
 from collections.abc import Callable
 
-from client.node_health import NodeHealthClient
-from controller.tracking import NodeTracker
-from kit.backoff import Backoff
-from kit.pacing import TokenBucket
+from capwatch.client.node_health import NodeHealthClient
+from capwatch.controller.tracking import NodeTracker
+from capwatch.kit.backoff import Backoff
+from capwatch.kit.pacing import TokenBucket
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The controller's Kubernetes API calls, through :class:`~agent.kube.transport.ApiTransport`.
+"""The controller's Kubernetes API calls, through
+:class:`~capwatch.kube.transport.ApiTransport`.
 
 Requests are JSON bodies built here, and raw JSON answers decoded here: typed
 models cost more than the few fields the controller reads, and an apply of one
@@ -20,7 +21,7 @@ request's bytes to its connection (the headers, then the body: the transport's
 connections are of a class that checks before every ``send``), so a pause
 anywhere in urllib3, even between the headers and the body, stops
 the request rather than sending it late: a call whose deadline has passed is
-not sent, or not finished (:class:`~controller.errors.DeadlinePassed`; the API
+not sent, or not finished (:class:`~capwatch.controller.errors.DeadlinePassed`; the API
 server never applies a request whose body did not arrive), and one that is
 sent gets what is left (urllib3's total timeout: connect and read together),
 so no request leaves after, or is waited for beyond, what its caller allowed.
@@ -28,10 +29,10 @@ What remains is a pause between the last check and the ``sendall`` it guards,
 a few bytecodes, and what happens to a request after it left
 (docs/controller.md, "Fencing the API server enforces").
 
-Failures become :class:`~controller.errors.ApiError` (with the HTTP status and
-Retry-After), :class:`~controller.errors.Conflict` (409),
-:class:`~controller.errors.NotFound` (404) or
-:class:`~controller.errors.DeadlinePassed` (not sent).
+Failures become :class:`~capwatch.controller.errors.ApiError` (with the HTTP status and
+Retry-After), :class:`~capwatch.controller.errors.Conflict` (409),
+:class:`~capwatch.controller.errors.NotFound` (404) or
+:class:`~capwatch.controller.errors.DeadlinePassed` (not sent).
 """
 
 from __future__ import annotations
@@ -51,11 +52,8 @@ import urllib3
 import urllib3.connection
 import urllib3.exceptions
 
-from agent.kube.client import api_transport
-from agent.kube.transport import ApiTransport
-from agent.kube.wire import APPLY, TRANSIENT, retry_after_seconds, status_message
-from controller.conditions import CONDITION_TYPE, NodeCondition
-from controller.errors import (
+from capwatch.controller.conditions import CONDITION_TYPE, NodeCondition
+from capwatch.controller.errors import (
     FENCING_MARK,
     ApiError,
     Conflict,
@@ -64,8 +62,8 @@ from controller.errors import (
     FieldConflict,
     NotFound,
 )
-from controller.leasing import LeaseRecord
-from controller.objects import (
+from capwatch.controller.leasing import LeaseRecord
+from capwatch.controller.objects import (
     FieldOwner,
     condition_apply,
     condition_owners,
@@ -74,8 +72,11 @@ from controller.objects import (
     resource_version,
     rfc3339,
 )
-from controller.writes.recorder import NodeEvent
-from kit.clock import Clock, SystemClock
+from capwatch.controller.writes.recorder import NodeEvent
+from capwatch.kit.clock import Clock, SystemClock
+from capwatch.kube.client import api_transport
+from capwatch.kube.transport import ApiTransport
+from capwatch.kube.wire import APPLY, TRANSIENT, retry_after_seconds, status_message
 
 log = logging.getLogger(__name__)
 

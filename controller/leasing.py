@@ -28,7 +28,7 @@ standbys. The rules are client-go's ``tools/leaderelection``:
   process's monotonic clock), so a write starts only while the lease is
   certainly ours and must finish before that instant; the API client checks it
   again on the thread that sends the request, immediately before it goes out
-  (:mod:`controller.kube`). The ``lease_s - renew_deadline_s`` margin (5 s)
+  (:mod:`capwatch.controller.kube`). The ``lease_s - renew_deadline_s`` margin (5 s)
   covers clock-rate differences and a write still in flight, before any other
   replica can see the record expire.
 - Release: on a clean shutdown, after this replica's writes have stopped, the
@@ -54,10 +54,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from controller.errors import ApiError, Conflict
-from kit.clock import Clock
-from kit.errors import ConfigError
-from kit.observing import UNOBSERVED
+from capwatch.controller.errors import ApiError, Conflict
+from capwatch.kit.clock import Clock
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.observing import UNOBSERVED
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 
-from controller.conditions import AgentLink, ConditionStatus
-from controller.tracking import NodeState
-from server.http.exposition import ScrapeCollector
+from capwatch.controller.conditions import AgentLink, ConditionStatus
+from capwatch.controller.tracking import NodeState
+from capwatch.server.http.exposition import ScrapeCollector
 
 # Detection within a cycle's delivery is milliseconds; a write retried after
 # API errors can take seconds to a minute.

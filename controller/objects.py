@@ -3,7 +3,7 @@
 A Node's ``GPUPowerCapEnforced`` condition (read from the node watch, written
 by a server-side apply of ``nodes/<name>/status``; who else owns it, from the
 Node's ``managedFields``; its resourceVersion), a Lease's record, and
-the RFC 3339 timestamps both carry. Pure functions: :mod:`controller.kube`
+the RFC 3339 timestamps both carry. Pure functions: :mod:`capwatch.controller.kube`
 sends what they make, discovery reads Nodes with them, and ``--dry-run``
 prints them without loading the ``kubernetes`` package.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from controller.conditions import CONDITION_TYPE, ConditionStatus, NodeCondition
-from controller.leasing import LeaseRecord
+from capwatch.controller.conditions import CONDITION_TYPE, ConditionStatus, NodeCondition
+from capwatch.controller.leasing import LeaseRecord
 
 
 def rfc3339(wall: float) -> str:

@@ -1,6 +1,6 @@
 """What the controller keeps of an agent's stream messages: pure protobuf -> domain mappers.
 
-A node's latest cycle is kept as a small :class:`~controller.conditions.CycleSummary`
+A node's latest cycle is kept as a small :class:`~capwatch.controller.conditions.CycleSummary`
 rather than the message itself (thousands of nodes, each cycle replacing the last),
 its GPUs' strings interned: one copy of each UUID, code and message however many
 cycles and nodes repeat them.
@@ -15,8 +15,8 @@ import sys
 from collections.abc import Iterable
 from dataclasses import replace
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from controller.conditions import CycleSummary, GpuSummary
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.controller.conditions import CycleSummary, GpuSummary
 
 _OUTCOME = {
     pb.OUTCOME_ENFORCED: "enforced",

@@ -28,34 +28,34 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import grpc
 
-from agent.kube.informer import WatchPolicy
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from client.channels import SharedChannels
-from client.node_health import NodeHealthClient
-from controller.cluster import mapping
-from controller.cluster.serving import ClusterServer
-from controller.cluster.state import ClusterView
-from controller.conditions import NodeCondition
-from controller.discovery import DiscoverySink, KubernetesDiscovery, StaticDiscovery
-from controller.dryrun import PrintingApi, Unfenced
-from controller.following import Followers
-from controller.leasing import LeaseElector
-from controller.metrics import ControllerMetrics
-from controller.settings import ControllerSettings
-from controller.sharding import shard_of
-from controller.tracking import NodeTracker
-from controller.writes.recorder import EventRecorder
-from controller.writes.taints import TaintWriter
-from controller.writes.writer import ConditionWriter
-from kit.clock import Clock, SystemClock
-from kit.pacing import TokenBucket
-from kit.version import package_version
-from server.http.exposition import RegistryServer
-from server.http.readyz import Answer, ReadyzServer
-from server.listeners import ServeError
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.client.channels import SharedChannels
+from capwatch.client.node_health import NodeHealthClient
+from capwatch.controller.cluster import mapping
+from capwatch.controller.cluster.serving import ClusterServer
+from capwatch.controller.cluster.state import ClusterView
+from capwatch.controller.conditions import NodeCondition
+from capwatch.controller.discovery import DiscoverySink, KubernetesDiscovery, StaticDiscovery
+from capwatch.controller.dryrun import PrintingApi, Unfenced
+from capwatch.controller.following import Followers
+from capwatch.controller.leasing import LeaseElector
+from capwatch.controller.metrics import ControllerMetrics
+from capwatch.controller.settings import ControllerSettings
+from capwatch.controller.sharding import shard_of
+from capwatch.controller.tracking import NodeTracker
+from capwatch.controller.writes.recorder import EventRecorder
+from capwatch.controller.writes.taints import TaintWriter
+from capwatch.controller.writes.writer import ConditionWriter
+from capwatch.kit.clock import Clock, SystemClock
+from capwatch.kit.pacing import TokenBucket
+from capwatch.kit.version import package_version
+from capwatch.kube.informer import WatchPolicy
+from capwatch.server.http.exposition import RegistryServer
+from capwatch.server.http.readyz import Answer, ReadyzServer
+from capwatch.server.listeners import ServeError
 
 if TYPE_CHECKING:  # the Kubernetes client loads only without --dry-run
-    from controller.kube import KubeApi
+    from capwatch.controller.kube import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -265,8 +265,8 @@ def _kubernetes(
     settings: ControllerSettings, clock: Clock, closers: list[Callable[[], None]]
 ) -> tuple[KubeApi, KubernetesDiscovery]:
     """The API client and the discovery that reads through it."""
-    from agent.kube.client import CollectionRequests  # noqa: PLC0415
-    from controller.kube import KubeApi, api_client  # noqa: PLC0415
+    from capwatch.controller.kube import KubeApi, api_client  # noqa: PLC0415
+    from capwatch.kube.client import CollectionRequests  # noqa: PLC0415
 
     assert settings.namespace is not None  # settings validation guarantees it
     client = api_client(

@@ -4,7 +4,7 @@ Every flag has an environment twin (``CAPWATCH_CONTROLLER_<FLAG>``, and the
 Downward API's ``POD_NAME``/``POD_NAMESPACE`` for the pod's own name and
 namespace). Everything is checked before anything starts -- the targets file
 is parsed, the shard index derived -- and a bad value raises
-:class:`~kit.errors.ConfigError` naming the flag, which the command line
+:class:`~capwatch.kit.errors.ConfigError` naming the flag, which the command line
 prints as one line before exiting 2.
 """
 
@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.discovery import parse_targets
-from controller.leasing import LeaseConfig
-from controller.sharding import ordinal
-from controller.taints import Effect, TaintPolicy, parse_effect
-from kit.addresses import host_port, listen_port
-from kit.errors import ConfigError
-from kit.flags import (
+from capwatch.controller.discovery import parse_targets
+from capwatch.controller.leasing import LeaseConfig
+from capwatch.controller.sharding import ordinal
+from capwatch.controller.taints import Effect, TaintPolicy, parse_effect
+from capwatch.kit.addresses import host_port, listen_port
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.flags import (
     LOG_FORMAT_OPTION,
     LogFormat,
     Option,
@@ -37,7 +37,7 @@ from kit.flags import (
     read_options,
     release_name,
 )
-from kit.tls import ca_flag, pair_flags
+from capwatch.kit.tls import ca_flag, pair_flags
 
 DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/name=capwatch,app.kubernetes.io/component=node-agent"
 DEFAULT_GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"

@@ -15,7 +15,7 @@ import re
 
 import jump
 
-from kit.errors import ConfigError
+from capwatch.kit.errors import ConfigError
 
 _FNV64_OFFSET = 0xCBF29CE484222325
 _FNV64_PRIME = 0x100000001B3

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from controller.conditions import GpuSummary
-from kit.errors import ConfigError
+from capwatch.controller.conditions import GpuSummary
+from capwatch.kit.errors import ConfigError
 
 API_PATH = "/apis/resource.k8s.io/v1/devicetaintrules"
 TAINT_KEY = "capwatch.io/gpu-fault"

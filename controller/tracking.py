@@ -2,7 +2,7 @@
 
 A node is tracked while it is a GPU node (the node watch) or has an agent
 target (the agent pod watch, or the static targets file). Its
-:class:`~controller.conditions.NodeObservation` changes on:
+:class:`~capwatch.controller.conditions.NodeObservation` changes on:
 
 - discovery: a target appears (``connecting``), moves, or goes (``missing``);
 - the stream: a snapshot or cycle (``connected``, the latest cycle), a
@@ -32,10 +32,10 @@ from typing import Protocol
 
 import grpc
 
-from client.stream_events import Cycle, Disconnected, Event, Heartbeat, Snapshot
-from controller.conditions import AgentLink, Condition, NodeObservation, condition_of
-from controller.reading import cycle_age, cycle_summary, gpu_summaries, merged, sharing
-from kit.clock import Clock
+from capwatch.client.stream_events import Cycle, Disconnected, Event, Heartbeat, Snapshot
+from capwatch.controller.conditions import AgentLink, Condition, NodeObservation, condition_of
+from capwatch.controller.reading import cycle_age, cycle_summary, gpu_summaries, merged, sharing
+from capwatch.kit.clock import Clock
 
 log = logging.getLogger(__name__)
 

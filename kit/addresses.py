@@ -5,9 +5,9 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from kit.errors import ConfigError
-from kit.flags import is_digits
-from kit.names import is_dns_subdomain
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.flags import is_digits
+from capwatch.kit.names import is_dns_subdomain
 
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]*):(?P<port>[0-9]{1,5})")
 

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kit.errors import ConfigError
+from capwatch.kit.errors import ConfigError
 
 LOCAL_BACKOFF_MAX_S = 1.0
 LOCAL_CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (

@@ -19,7 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from kit.errors import ConfigError
+from capwatch.kit.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)

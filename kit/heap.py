@@ -2,7 +2,7 @@
 
 A full (generation 2) pass of Python's cyclic collector walks every tracked
 object and holds the event loop while it does: in an agent serving 1,000
-Watch streams, 25-55 ms in which no stream sends, and bench/stream.py finds
+Watch streams, 25-55 ms in which no stream sends, and bench/scenarios/stream.py finds
 nearly every fan-out delivery over the p99 in a cycle during which such a
 pass began. Most of what the pass walks was made at start-up (modules, grpc,
 protobuf descriptors, the server itself) and lives as long as the process:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from kit.errors import ConfigError
+from capwatch.kit.errors import ConfigError
 
 MAX_SUBDOMAIN = 253
 MAX_LABEL = 63

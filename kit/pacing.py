@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kit.clock import Clock
+from capwatch.kit.clock import Clock
 
 
 class TokenBucket:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kit.errors import CapwatchError, ConfigError
+from capwatch.kit.errors import CapwatchError, ConfigError
 
 # What a certificate and a private key look like in PEM (RFC 7468's labels).
 _CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", re.S)

@@ -3,7 +3,7 @@
 Every Watch and NodeWatchResources stream of the agent holds one of
 ``max_subscribers`` slots, whichever service and listener it came in on, and
 every Watch of the controller's cluster stream one of its own (generic server
-plumbing, like :mod:`server.listeners`, so both may use it). The rules:
+plumbing, like :mod:`capwatch.server.listeners`, so both may use it). The rules:
 
 - A local peer (one on the unix socket: the readiness shim, and whatever
   else the socket's group lets in) may take any free slot.

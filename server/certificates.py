@@ -22,9 +22,9 @@ from pathlib import Path
 
 import grpc
 
-from kit.errors import CapwatchError
-from kit.tls import TlsFileError, check_ca, check_pair
-from server.settings import TlsFiles
+from capwatch.kit.errors import CapwatchError
+from capwatch.kit.tls import TlsFileError, check_ca, check_pair
+from capwatch.server.settings import TlsFiles
 
 log = logging.getLogger(__name__)
 

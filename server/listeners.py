@@ -1,7 +1,7 @@
 """What every capwatch gRPC server is built with: core options, the bind check, its error.
 
-The agent's server (:mod:`server.grpc.serving`), a pool's and the controller's
-cluster stream (:mod:`controller.cluster.serving`) all bind through these, so
+The agent's server (:mod:`capwatch.server.grpc.serving`), a pool's and the controller's
+cluster stream (:mod:`capwatch.controller.cluster.serving`) all bind through these, so
 they share grpc core's limits and report a busy port the same way; the agent's
 and the sim DRA driver's unix sockets are bound by :func:`bind_unix`.
 """
@@ -15,8 +15,8 @@ import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kit.addresses import host_port
-from kit.errors import CapwatchError
+from capwatch.kit.addresses import host_port
+from capwatch.kit.errors import CapwatchError
 
 OPTIONS: Sequence[tuple[str, int]] = (
     # Requests are tiny; refuse anything big before it is buffered.

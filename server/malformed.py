@@ -5,13 +5,13 @@ parse, grpc.aio logs the DecodeError at ERROR with its traceback (seven lines)
 and answers UNKNOWN; a client sending garbage in a loop wrote 14,004 lines for
 2,000 requests. :class:`MalformedRequests`, an interceptor on the agent's
 server and on the controller's cluster stream (generic server plumbing, like
-:mod:`server.listeners`, so both may use it), gives every method of every
+:mod:`capwatch.server.listeners`, so both may use it), gives every method of every
 service (capwatch.v1, the DRA mirrors, grpc health, reflection) a deserializer
 that returns a marker instead of raising, and ends a call that gets one with
 INVALID_ARGUMENT ("malformed request: Error parsing message with type ...").
 Each is counted (the agent's ``capwatch_grpc_malformed_requests_total``) and
 logged as one line without a traceback, through the throttle in
-:mod:`kit.throttling`.
+:mod:`capwatch.kit.throttling`.
 
 Failed TLS handshakes never reach Python: grpc core logs them, one line each
 at INFO, unless told otherwise before it loads (see :mod:`capwatch`).
@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from kit.throttling import ThrottledLog
+from capwatch.kit.throttling import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
         async def stream_through(request: Any, context: Context) -> AsyncIterator[Any]:
             # An async generator, so that grpc iterates it and sends each
             # response itself: writing them with context.write instead cost 10 us
-            # a message, a third of a 1,000-stream fan-out (bench/stream.py). The
+            # a message, a third of a 1,000-stream fan-out (bench/scenarios/stream.py). The
             # handler's generator is closed with this one, which grpc drops when
             # the call ends, cancelled or not (the loop's async-generator hook
             # closes it then); its finally clauses give back stream slots

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from api.endpoints import AGENT_PORT, AGENT_SOCKET
-from kit.addresses import host_port, listen_address
-from kit.errors import ConfigError
-from kit.flags import Option, add_options, is_digits, optional_path, read_options
-from kit.names import is_dns_label, is_dns_subdomain
-from kit.tls import ca_flag, pair_flags
+from capwatch.api.endpoints import AGENT_PORT, AGENT_SOCKET
+from capwatch.kit.addresses import host_port, listen_address
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.flags import Option, add_options, is_digits, optional_path, read_options
+from capwatch.kit.names import is_dns_label, is_dns_subdomain
+from capwatch.kit.tls import ca_flag, pair_flags
 
 DEFAULT_LISTEN = (f"unix://{AGENT_SOCKET}", f"0.0.0.0:{AGENT_PORT}")
 DEFAULT_DEVICE_NAME = "gpu-{index}"

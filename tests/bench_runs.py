@@ -1,5 +1,5 @@
-"""Running a bench script as its users do, for the tests of bench/: from the repository,
-with the repository on the path, its output captured, within a timeout."""
+"""Running a benchmark as its users do, for the tests of bench/: ``python -m
+bench.scenarios.NAME`` from the repository, its output captured, within a timeout."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def bench(script: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """``bench/SCRIPT ARGS...``, finished (whatever its exit status)."""
+def bench(name: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """``python -m bench.scenarios.NAME ARGS...``, finished (whatever its exit status)."""
     return subprocess.run(
-        [sys.executable, f"bench/{script}", *args],
+        [sys.executable, "-m", f"bench.scenarios.{name}", *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.dra.claims import (
+from capwatch.agent.dra.claims import (
     API_VERSION,
     DRIVER,
     KIND,
@@ -15,8 +15,8 @@ from agent.dra.claims import (
     ReadClaim,
     claims_snapshot,
 )
-from agent.dra.slices import node_devices
-from agent.pods import PodRef
+from capwatch.agent.dra.slices import node_devices
+from capwatch.agent.pods import PodRef
 
 NODE = "gpu-node-1"
 GPU = "gpu.nvidia.com"

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.reports import CycleReport
-from agent.settings import add_agent_arguments, agent_settings
-from agent.sim.limits import PersistentLimits
+from capwatch.agent.reports import CycleReport
+from capwatch.agent.settings import add_agent_arguments, agent_settings
+from capwatch.agent.sim.limits import PersistentLimits
 from capwatch.cli import main
 from capwatch.launch import run_agent
-from server.grpc.serving import AgentServer
-from server.settings import add_server_arguments, server_settings
+from capwatch.server.grpc.serving import AgentServer
+from capwatch.server.settings import add_server_arguments, server_settings
 
 ZERO_GPUS = "node_name: empty-node\nsafe_default_watts: 300\ngpus: []\n"
 

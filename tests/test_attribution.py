@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.attribution import (
+from capwatch.agent.attribution import (
     Attributor,
     FsProcRoot,
     canonical_pod_uid,
@@ -269,7 +269,7 @@ def test_fs_proc_root_defaults_to_host_proc() -> None:
 
 def test_gone_process_is_none_and_quiet(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A PID that has exited, or never was, reads as None without logging."""
-    caplog.set_level(logging.DEBUG, logger="agent.attribution")
+    caplog.set_level(logging.DEBUG, logger="capwatch.agent.attribution")
     root = FsProcRoot(tmp_path)
     assert root.read_cgroup(12345) is None
     assert root.read_cgroup(0) is None
@@ -285,7 +285,7 @@ def test_unreadable_cgroup_is_none_and_logged(
     # one that root (which ignores permission bits) still gets.
     (tmp_path / "7" / "cgroup").mkdir(parents=True)
     (tmp_path / "8").write_text("not a directory")
-    caplog.set_level(logging.DEBUG, logger="agent.attribution")
+    caplog.set_level(logging.DEBUG, logger="capwatch.agent.attribution")
     root = FsProcRoot(tmp_path)
     assert root.read_cgroup(7) is None
     assert root.read_cgroup(8) is None

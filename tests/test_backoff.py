@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kit.backoff import Backoff
-from kit.errors import ConfigError
+from capwatch.kit.backoff import Backoff
+from capwatch.kit.errors import ConfigError
 
 
 def test_default_ceiling_doubles_from_200ms_up_to_10s():

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from bench.cluster_procs import MAX_NODES, node_address
+from bench.shared.addresses import MAX_NODES, node_address
 
 
 def test_every_node_gets_a_distinct_valid_loopback_address() -> None:

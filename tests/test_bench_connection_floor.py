@@ -1,4 +1,4 @@
-"""bench/connection_floor.py at 20 nodes: both shapes measured, every figure written, and
+"""bench/scenarios/connection_floor.py at 20 nodes: both shapes measured, every figure written, and
 every process it started gone when it returns."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def test_the_connection_floor_measures_both_shapes_and_leaves_nothing_running(tm
     report an idle and a loaded RSS and KiB a connection; the bench's children are gone."""
     out = tmp_path / "floor.json"
     done = bench(
-        "connection_floor.py", "--nodes", "20", "--settle", "0.2", "--json", str(out), timeout=120
+        "connection_floor", "--nodes", "20", "--settle", "0.2", "--json", str(out), timeout=120
     )
     assert done.returncode == 0, done.stderr
     figures = json.loads(out.read_text())
@@ -29,7 +29,7 @@ def test_the_connection_floor_measures_both_shapes_and_leaves_nothing_running(tm
         assert f["kib_per_connection"] > 0
     assert "push / pull, KiB a connection" in done.stdout
     left = subprocess.run(
-        ["pgrep", "-f", "connection_floor.py --role|floor_client.py"],
+        ["pgrep", "-f", "bench[.]floors[.]"],
         capture_output=True,
         text=True,
         check=False,
@@ -40,7 +40,7 @@ def test_the_connection_floor_measures_both_shapes_and_leaves_nothing_running(tm
 def test_a_silent_child_fails_the_bench_at_its_deadline():
     """A child that never prints the line the bench waits for fails it once the deadline
     passes (it does not block the bench until the child exits)."""
-    from bench.connection_floor import expect
+    from bench.shared.children import expect
 
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True

@@ -1,5 +1,5 @@
-"""bench/plot.py draws a PNG per results file, and refuses a bad one in one line; each
-bench's --json file is one plot.py draws."""
+"""bench/figures/plot.py draws a PNG per results file, and refuses a bad one in one line;
+each scenario's --json file is one it draws. What each chart shows: test_bench_charts.py."""
 
 from __future__ import annotations
 
@@ -12,13 +12,18 @@ from typing import Any
 
 import pytest
 
-from bench.cluster_results import earlier_runs, write_runs
-from bench.cycle import cycle_figures
-from bench.figures import write_json
+from bench.figures.plot import main as plot_main
+from bench.figures.results import (
+    earlier_cluster_runs,
+    held_runs,
+    write_cluster_runs,
+    write_json,
+    write_kwok_runs,
+)
+from bench.scenarios.cycle import cycle_figures
 from tests.bench_runs import bench
 
 ROOT = Path(__file__).resolve().parent.parent
-PLOT = ROOT / "bench" / "plot.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -145,8 +150,10 @@ FIXTURE: dict[str, dict[str, Any]] = {
 
 
 def run_plot(results: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m bench.figures.plot``, as ``make bench-plots`` runs it."""
     return subprocess.run(
-        [sys.executable, str(PLOT), "--results", str(results), "--out", str(out)],
+        [sys.executable, "-m", "bench.figures.plot", "--results", str(results), "--out", str(out)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
@@ -230,17 +237,18 @@ def _with(name: str, value: object, *keys: str | int) -> dict[str, Any]:
     ],
 )
 def test_bad_results_are_refused_in_one_line(
-    tmp_path: Path, name: str, content: object, message: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, content: object, message: str
 ):
     """A missing figure, a wrong type, a file that is not an object or has no chart: exit 2
-    and one line naming the file and what is wrong."""
+    and one line naming the file and what is wrong, and no chart drawn."""
     write_results(tmp_path / "results", {name: content})
-    done = run_plot(tmp_path / "results", tmp_path / "plots")
-    assert done.returncode == 2
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1, done.stderr
-    assert lines[0].startswith("plot.py: ")
+    status = plot_main(["--results", str(tmp_path / "results"), "--out", str(tmp_path / "plots")])
+    assert status == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("plot: ")
     assert message in lines[0]
+    assert not (tmp_path / "plots").exists()
 
 
 def test_a_bad_file_replaces_no_chart(tmp_path: Path):
@@ -257,11 +265,12 @@ def test_a_bad_file_replaces_no_chart(tmp_path: Path):
 
 
 def test_unparseable_json_and_no_results_are_one_line(tmp_path: Path):
-    """JSON that does not parse names its file; an empty results folder says so."""
+    """JSON that does not parse names its file; an empty results folder says so (both as
+    ``make bench-plots`` runs it: the module's own exit status and stderr)."""
     (tmp_path / "results").mkdir()
     done = run_plot(tmp_path / "results", tmp_path / "plots")
     assert done.returncode == 2
-    assert done.stderr.strip() == f"plot.py: {tmp_path / 'results'}: no results (*.json)"
+    assert done.stderr.strip() == f"plot: {tmp_path / 'results'}: no results (*.json)"
     (tmp_path / "results" / "cycle.json").write_text("{not json")
     done = run_plot(tmp_path / "results", tmp_path / "plots")
     assert done.returncode == 2
@@ -269,29 +278,16 @@ def test_unparseable_json_and_no_results_are_one_line(tmp_path: Path):
     assert "cycle.json: Expecting property name" in done.stderr
 
 
-def test_committed_plots_are_the_committed_results():
-    """Every committed results file has its committed PNG beside the README that links it,
-    and says where its figures come from (a bench's command, not a hand-typed table)."""
-    results = sorted(p.stem for p in (ROOT / "bench" / "results").glob("*.json"))
-    assert results == ["cluster", "cycle", "fanout", "fencing", "kwok", "readyz", "stream"]
-    readme = (ROOT / "bench" / "README.md").read_text()
-    for name in results:
-        assert (ROOT / "bench" / "plots" / f"{name}.png").read_bytes().startswith(PNG_SIGNATURE)
-        assert f"(plots/{name}.png)" in readme, name
-        source = json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())["source"]
-        assert f"bench/{name}.py" in source, (name, source)
-
-
 def test_cycle_json_is_what_plot_reads(tmp_path: Path):
-    """bench/cycle.py's --json writer, on a few cycles' times, gives a file plot.py draws,
-    with the date, the machine and the command in its source."""
+    """cycle.py's --json writer, on a few cycles' times, gives a file the charts draw, with
+    the date, the machine and the command in its source."""
     results = tmp_path / "results"
     results.mkdir()
     write_json(results / "cycle.json", cycle_figures([1.1, 1.2, 1.3], [1.0, 1.05, 1.1]))
     source = json.loads((results / "cycle.json").read_text())["source"]
     assert "cores" in source
     assert "Python" in source
-    assert ": python bench/" in source
+    assert ": python -m " in source
     done = run_plot(results, tmp_path / "plots")
     assert done.returncode == 0, done.stderr
     assert_pngs(tmp_path / "plots", ["cycle"])
@@ -300,17 +296,17 @@ def test_cycle_json_is_what_plot_reads(tmp_path: Path):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_stream_and_fanout_json_are_what_plot_reads(tmp_path: Path):
-    """bench/stream.py's fan-out part and bench/fanout.py's sweep, at their smallest (a few
-    subscribers, two rounds of three cycles), write files plot.py draws."""
+    """stream.py's fan-out part and fanout.py's sweep, at their smallest (a few subscribers,
+    two rounds of three cycles), write files the charts draw."""
     results = tmp_path / "results"
     results.mkdir()
     tiny = ("--fanout-rounds", "2", "--cycles", "3", "--pace", "0.05")
     done = bench(
-        "stream.py", "--only", "fanout", "--subscribers", "4", *tiny,
+        "stream", "--only", "fanout", "--subscribers", "4", *tiny,
         "--json", str(results / "stream.json"),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    done = bench("fanout.py", "--subscribers", "2,4", *tiny, "--json", str(results / "fanout.json"))
+    done = bench("fanout", "--subscribers", "2,4", *tiny, "--json", str(results / "fanout.json"))
     assert done.returncode == 0, done.stderr
     points = json.loads((results / "fanout.json").read_text())["points"]
     assert [p["subscribers"] for p in points] == [2, 4]
@@ -323,12 +319,12 @@ def test_stream_and_fanout_json_are_what_plot_reads(tmp_path: Path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_readyz_json_is_what_plot_reads(tmp_path: Path):
-    """bench/readyz.py at its smallest (4 clients, one round of a second: wrk takes whole
-    seconds) writes every round's figures and the shim's memory in a file plot.py draws."""
+    """readyz.py at its smallest (4 clients, one round of a second: wrk takes whole seconds)
+    writes every round's figures and the shim's memory in a file the charts draw."""
     results = tmp_path / "results"
     results.mkdir()
     done = bench(
-        "readyz.py", "--clients", "4", "--seconds", "1", "--warmup", "1", "--rounds", "1",
+        "readyz", "--clients", "4", "--seconds", "1", "--warmup", "1", "--rounds", "1",
         "--json", str(results / "readyz.json"),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -343,7 +339,7 @@ def test_readyz_json_is_what_plot_reads(tmp_path: Path):
 def test_json_of_a_bad_place_is_refused_before_the_run(tmp_path: Path):
     """--json into a folder that does not exist stops at once, in one line, before any
     measuring."""
-    done = bench("fanout.py", "--json", str(tmp_path / "missing" / "fanout.json"), timeout=30)
+    done = bench("fanout", "--json", str(tmp_path / "missing" / "fanout.json"), timeout=30)
     assert done.returncode == 1
     assert done.stderr.strip() == (
         f"--json {tmp_path / 'missing' / 'fanout.json'}: no such directory {tmp_path / 'missing'}"
@@ -352,14 +348,14 @@ def test_json_of_a_bad_place_is_refused_before_the_run(tmp_path: Path):
 
 def test_cluster_json_keeps_the_other_shard_counts(tmp_path: Path):
     """A cluster run's figures replace the file's run with the same --shards and keep the
-    others, and the file is one plot.py draws; a file of another --nodes, or not a cluster
+    others, and the file is one the charts draw; a file of another --nodes, or not a cluster
     file, is refused (one line) and left as it was."""
     path = tmp_path / "results" / "cluster.json"
     path.parent.mkdir()
-    write_runs(path, 20, [cluster_run(1), cluster_run(2)])
-    kept = earlier_runs(path, 20, 2, "shared")
+    write_cluster_runs(path, 20, [cluster_run(1), cluster_run(2)])
+    kept = earlier_cluster_runs(path, 20, 2, "shared")
     assert [r["shards"] for r in kept] == [1]
-    write_runs(path, 20, [*kept, {**cluster_run(2), "source": "again"}])
+    write_cluster_runs(path, 20, [*kept, {**cluster_run(2), "source": "again"}])
     figures = json.loads(path.read_text())
     assert [(r["shards"], r["source"]) for r in figures["runs"]] == [
         (1, "test, 1 shard(s)"),
@@ -373,13 +369,13 @@ def test_cluster_json_keeps_the_other_shard_counts(tmp_path: Path):
     assert_pngs(tmp_path / "plots", ["cluster"])
     before = path.read_text()
     with pytest.raises(SystemExit, match=r"holds 20-node runs, this one is 5000: another file"):
-        earlier_runs(path, 5000, 1, "shared")
+        earlier_cluster_runs(path, 5000, 1, "shared")
     assert path.read_text() == before
     path.write_text('{"nodes": 20}')
     with pytest.raises(SystemExit, match=r"not a cluster.py results file"):
-        earlier_runs(path, 20, 1, "shared")
+        earlier_cluster_runs(path, 20, 1, "shared")
     path.write_text(before)
-    assert earlier_runs(path, 20, 3, "shared") == json.loads(before)["runs"]
+    assert earlier_cluster_runs(path, 20, 3, "shared") == json.loads(before)["runs"]
 
 
 def test_cluster_json_keeps_both_shapes_of_one_shard_count(tmp_path: Path):
@@ -389,27 +385,24 @@ def test_cluster_json_keeps_both_shapes_of_one_shard_count(tmp_path: Path):
     path = tmp_path / "results" / "cluster.json"
     path.parent.mkdir()
     old = cluster_run(1)  # from before the shapes: no "shape" key
-    write_runs(path, 20, [old])
-    kept = earlier_runs(path, 20, 1, "per_node")
+    write_cluster_runs(path, 20, [old])
+    kept = earlier_cluster_runs(path, 20, 1, "per_node")
     assert kept == [old]
-    write_runs(path, 20, [*kept, {**cluster_run(1), "shape": "per_node", "source": "per"}])
+    write_cluster_runs(path, 20, [*kept, {**cluster_run(1), "shape": "per_node", "source": "per"}])
     runs = json.loads(path.read_text())["runs"]
     assert [(r.get("shape"), r["source"]) for r in runs] == [
         ("per_node", "per"),
         (None, "test, 1 shard(s)"),
     ]
-    assert [r["source"] for r in earlier_runs(path, 20, 1, "shared")] == ["per"]
+    assert [r["source"] for r in earlier_cluster_runs(path, 20, 1, "shared")] == ["per"]
     done = run_plot(path.parent, tmp_path / "plots")
     assert done.returncode == 0, done.stderr
     assert_pngs(tmp_path / "plots", ["cluster"])
 
 
 def test_kwok_json_keeps_the_latest_two_runs(tmp_path: Path):
-    """kwok.py --json adds its run to the file's and keeps the latest two, which plot.py
-    draws; a file of another --nodes, or not a kwok.py file, is refused in one line."""
-    from bench.figures import held_runs
-    from bench.kwok import write_kwok_runs
-
+    """kwok.py --json adds its run to the file's and keeps the latest two, which the charts
+    draw; a file of another --nodes, or not a kwok.py file, is refused in one line."""
     path = tmp_path / "results" / "kwok.json"
     path.parent.mkdir()
     assert held_runs(path, 20, "kwok.py") == []

@@ -1,4 +1,4 @@
-"""bench/throttling.py at 60 nodes: the real condition writer against the fake API server
+"""bench/scenarios/throttling.py at 60 nodes: the real condition writer against the fake API server
 throttled to 20 status writes a second writes every node exactly once, is answered 429
 meanwhile, and writes every figure."""
 
@@ -17,7 +17,7 @@ def test_a_throttled_writer_writes_each_node_once_and_reports_every_figure(
     twice while another waits), some writes are answered 429, and the baseline run
     without a throttle sees none; both runs' figures are in the JSON."""
     out = tmp_path / "throttling.json"
-    done = bench("throttling.py", "--nodes", "60", "--rate", "20", "--json", str(out), timeout=240)
+    done = bench("throttling", "--nodes", "60", "--rate", "20", "--json", str(out), timeout=240)
     assert done.returncode == 0, done.stderr
     figures = json.loads(out.read_text())
     baseline, throttled = figures["baseline"], figures["throttled"]

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.capping import DEFAULT_ANNOTATION_KEY, CapBounds, parse_watts, resolve_cap
-from agent.dra.claims import ClaimCap, ClaimRef
-from agent.gpus import PowerConstraints
-from agent.pods import PodInfo, PodRef
-from agent.reports import CapSource, ClampDirection, SafeDefaultCause
+from capwatch.agent.capping import DEFAULT_ANNOTATION_KEY, CapBounds, parse_watts, resolve_cap
+from capwatch.agent.dra.claims import ClaimCap, ClaimRef
+from capwatch.agent.gpus import PowerConstraints
+from capwatch.agent.pods import PodInfo, PodRef
+from capwatch.agent.reports import CapSource, ClampDirection, SafeDefaultCause
 
 KEY = DEFAULT_ANNOTATION_KEY
 H100 = PowerConstraints(min_milliwatts=200_000, max_milliwatts=700_000, default_milliwatts=700_000)

@@ -11,8 +11,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from agent.capping import DEFAULT_ANNOTATION_KEY, resolve_cap
-from agent.dra.claims import (
+from capwatch.agent.capping import DEFAULT_ANNOTATION_KEY, resolve_cap
+from capwatch.agent.dra.claims import (
     API_VERSION,
     KIND,
     ClaimCap,
@@ -20,10 +20,10 @@ from agent.dra.claims import (
     ClaimRef,
     parse_power_cap,
 )
-from agent.dra.slices import DeviceName
-from agent.gpus import PowerConstraints
-from agent.pods import PodInfo
-from agent.reports import CapSource, SafeDefaultCause
+from capwatch.agent.dra.slices import DeviceName
+from capwatch.agent.gpus import PowerConstraints
+from capwatch.agent.pods import PodInfo
+from capwatch.agent.reports import CapSource, SafeDefaultCause
 from tests.claims_objects import GPU, NODE, POD, UUIDS, capwatch, claim, join, power_cap, slice_of
 
 H100 = PowerConstraints(min_milliwatts=200_000, max_milliwatts=700_000, default_milliwatts=700_000)

@@ -1,6 +1,6 @@
 """The claims join in its corners: pool generations, a device pinned to the GPU it was
 prepared on, DRA's configuration order, claims that cannot be read, and which claims a
-node's pods use (agent/dra/claims.py, agent/dra/slices.py, agent/kube/wire.py)."""
+node's pods use (agent/dra/claims.py, agent/dra/slices.py, agent/kube/pod_wire.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from agent.dra.claims import ClaimProblemKind, Pin, claims_snapshot, referenced_claims
-from agent.dra.slices import DeviceName, node_devices
-from agent.kube.wire import pod_info
-from agent.pods import PodInfo, PodRef, PodSnapshot
+from capwatch.agent.dra.claims import ClaimProblemKind, Pin, claims_snapshot, referenced_claims
+from capwatch.agent.dra.slices import DeviceName, node_devices
+from capwatch.agent.kube.pod_wire import pod_info
+from capwatch.agent.pods import PodInfo, PodRef, PodSnapshot
 from tests.claims_objects import (
     GPU,
     NODE,

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from agent.attribution import Attributor, FsProcRoot
-from agent.gpus import GpuErrorClass
-from agent.health.faults import FaultKind
-from agent.ownership import OwnershipStore
-from agent.pods import PodInfo, PodRef
-from agent.reconciling import Reconciler
-from agent.reports import (
+from capwatch.agent.attribution import Attributor, FsProcRoot
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.health.faults import FaultKind
+from capwatch.agent.ownership import OwnershipStore
+from capwatch.agent.pods import PodInfo, PodRef
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import (
     AbortReason,
     CapSource,
     CycleFailureKind,
@@ -27,8 +27,8 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
-from agent.stepping import Policy
-from kit.clock import FakeClock
+from capwatch.agent.stepping import Policy
+from capwatch.kit.clock import FakeClock
 from tests.claims_objects import GPU, NODE, POD, capwatch, claim, power_cap, slice_of
 from tests.contract.rigs import DEFAULT_W, GPU_COUNT, UUIDS, Op, SimRig
 from tests.fakes.claims import StaticClaimView

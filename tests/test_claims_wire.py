@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from agent.dra.claims import ClaimRef
-from agent.dra.slices import DeviceName
+from capwatch.agent.dra.claims import ClaimRef
+from capwatch.agent.dra.slices import DeviceName
 from tests.claims_objects import join
 
 SERVED = Path(__file__).parent / "data" / "dra-served-v1.37.json"

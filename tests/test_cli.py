@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.capping import Mode, UnclaimedPolicy
-from agent.settings import add_agent_arguments, agent_settings
+from capwatch.agent.capping import Mode, UnclaimedPolicy
+from capwatch.agent.settings import add_agent_arguments, agent_settings
 from capwatch.cli import main
 
 CAPWATCH = [sys.executable, "-m", "capwatch.cli"]
@@ -298,12 +298,12 @@ def test_the_shim_loads_none_of_the_agents_modules():
     assert "capwatch.shim" in loaded
     heavy = {
         "capwatch.launch",
-        "server.grpc.serving",
-        "server.grpc.node_health",
-        "server.metrics.cycle_metrics",
-        "agent.reconciling",
-        "agent.sim.world",
-        "agent.kube.client",
+        "capwatch.server.grpc.serving",
+        "capwatch.server.grpc.node_health",
+        "capwatch.server.metrics.cycle_metrics",
+        "capwatch.agent.reconciling",
+        "capwatch.agent.sim.world",
+        "capwatch.agent.kube.pod_requests",
         "kubernetes",
         "yaml",
         "prometheus_client",

@@ -1,5 +1,6 @@
-"""kill -9 at random instants (bench/crash.py's trials, fewer of them): no cap escapes its
-record, and the same trials catch the agent that saves only at the end of each cycle."""
+"""kill -9 at random instants (bench/scenarios/crash.py's trials, fewer of them): no cap
+escapes its record, and the same trials catch the agent that saves only at the end of each
+cycle."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.crash import run_trials
+from bench.scenarios.crash import run_trials
 
 pytestmark = pytest.mark.slow
 

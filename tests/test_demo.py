@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from capwatch.cli import main
-from kit.scratch import sweep
+from capwatch.kit.scratch import sweep
 from tests.terminal import RED, REDRAW, read_until_exit, spawn, terminal_env, visible_lines
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sim.poolspec import node_names, parse_fault
+from capwatch.agent.sim.poolspec import node_names, parse_fault
 from capwatch.cli import main
 from capwatch.demo.cluster import NODES, SCHEDULE, cluster_faults, schedule_lines
 from capwatch.pool import add_pool_arguments, pool_command

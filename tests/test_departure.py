@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from agent import lifecycle
-from agent.capping import Mode
-from agent.departure import Departure
-from agent.kube.client import ObjectReadError
-from agent.kube.departure import KubeDepartureCheck
-from agent.kube.selection import judge, not_selected
-from agent.kube.wire import ApiStatusError
+from capwatch.agent import lifecycle
+from capwatch.agent.capping import Mode
+from capwatch.agent.departure import Departure
+from capwatch.agent.kube.departure import KubeDepartureCheck
+from capwatch.agent.kube.selection import judge, not_selected
+from capwatch.kube.client import ObjectReadError
+from capwatch.kube.wire import ApiStatusError
 from tests.contract.conftest import POD_A
 from tests.contract.rigs import DEFAULT_W
 from tests.test_running import build, wait_until

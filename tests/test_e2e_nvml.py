@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sim.proctree import ProcSpec, materialise
+from capwatch.agent.sim.proctree import ProcSpec, materialise
 from tests.fakenvml.control import FakeConfig, FakeDevice, read_log_file
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.gpus import GpuErrorClass
-from agent.health.faults import (
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.health.faults import (
     DEFAULT_XID_IGNORE,
     FAULTS_PER_GPU_LIMIT,
     FaultKind,
@@ -13,8 +13,8 @@ from agent.health.faults import (
     XidPolicy,
     parse_xids,
 )
-from agent.health.telemetry import NO_READINGS, DeviceEvent, DeviceEventKind, Readings
-from kit.errors import ConfigError
+from capwatch.agent.health.telemetry import NO_READINGS, DeviceEvent, DeviceEventKind, Readings
+from capwatch.kit.errors import ConfigError
 
 UUID = "GPU-aaaa"
 OTHER = "GPU-bbbb"

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.attribution import Attributor, FsProcRoot
-from agent.forgetting import DIRECTORY, ForgetRequests
-from agent.ownership import FILE_NAME, FORMAT_VERSION, OwnershipStore
-from agent.reconciling import Reconciler
-from agent.reports import Reason
-from agent.sim.scenario import FaultOp, FaultSpec
-from agent.stepping import Policy
+from capwatch.agent.attribution import Attributor, FsProcRoot
+from capwatch.agent.forgetting import DIRECTORY, ForgetRequests
+from capwatch.agent.ownership import FILE_NAME, FORMAT_VERSION, OwnershipStore
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import Reason
+from capwatch.agent.sim.scenario import FaultOp, FaultSpec
+from capwatch.agent.stepping import Policy
 from capwatch.cli import main
-from kit.clock import FakeClock
+from capwatch.kit.clock import FakeClock
 from tests.contract.conftest import KEY, POD_A, PODS, SAFE_W
 from tests.contract.rigs import GPU_COUNT, UUIDS, SimRig
 from tests.fakes.pods import StaticPodView
@@ -86,7 +86,7 @@ def test_a_vanished_gpu_fails_every_cycle_until_it_is_forgotten(
     assert node.forget(UUIDS[2]) == 0
     assert f"{UUIDS[2]} (index 2, 350 W)" in capsys.readouterr().out
     assert node.requests() == [UUIDS[2]]
-    with caplog.at_level(logging.WARNING, logger="agent.forgetting"):
+    with caplog.at_level(logging.WARNING, logger="capwatch.agent.forgetting"):
         report = node.reconciler.reconcile_once()
     assert report.enforced, report.failure_summary
     assert UUIDS[2] not in {g.uuid for g in report.gpus}
@@ -103,7 +103,7 @@ def test_a_visible_gpu_is_not_forgotten(node: Node, caplog: pytest.LogCaptureFix
     node.rig.run(2, {1001: POD_A.ref.uid})
     node.reconciler.reconcile_once()
     assert node.forget(UUIDS[2]) == 0
-    with caplog.at_level(logging.WARNING, logger="agent.forgetting"):
+    with caplog.at_level(logging.WARNING, logger="capwatch.agent.forgetting"):
         assert node.reconciler.reconcile_once().enforced
     assert node.requests() == []
     assert node.store.get(UUIDS[2]) is not None
@@ -200,7 +200,7 @@ def test_stray_files_in_the_request_directory_are_discarded(
     (directory / "GPU-unknown").write_text("")
     (directory / ".GPU-partial.123").write_text("")
     (directory / "a-directory").mkdir()
-    with caplog.at_level(logging.WARNING, logger="agent.forgetting"):
+    with caplog.at_level(logging.WARNING, logger="capwatch.agent.forgetting"):
         assert node.reconciler.reconcile_once().enforced
     assert node.requests() == [".GPU-partial.123", "a-directory"]
     assert any("GPU-unknown: not a GPU this agent capped" in r.getMessage() for r in caplog.records)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.flags import LogFormat
+from capwatch.kit.throttling import ThrottledLog
 from capwatch.logs import JsonFormatter, configure_logging
-from kit.clock import FakeClock
-from kit.flags import LogFormat
-from kit.throttling import ThrottledLog
 
 
 def record(msg: str, *args: object) -> logging.LogRecord:

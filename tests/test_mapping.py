@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 
-from agent.devices import DeviceHealth, device_health, fold, inventory
-from agent.dra.claims import ClaimRef
-from agent.dra.slices import DeviceName
-from agent.gpus import GpuErrorClass
-from agent.health.faults import Fault, FaultKind
-from agent.health.telemetry import Readings, ThrottleReason
-from agent.reports import (
+from capwatch.agent.devices import DeviceHealth, device_health, fold, inventory
+from capwatch.agent.dra.claims import ClaimRef
+from capwatch.agent.dra.slices import DeviceName
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.health.faults import Fault, FaultKind
+from capwatch.agent.health.telemetry import Readings, ThrottleReason
+from capwatch.agent.reports import (
     AbortReason,
     CapSource,
     ClampDirection,
@@ -22,9 +22,9 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from kit.readiness import Readiness, ReadinessReason
-from server.grpc import mapping
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.kit.readiness import Readiness, ReadinessReason
+from capwatch.server.grpc import mapping
 from tests.server.harness import POD, UUIDS, failed, idle, ok
 
 READY = Readiness(ready=True, reason=ReadinessReason.READY, last_good_age_s=0.5)

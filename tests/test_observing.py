@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from controller.leasing import LeaseObserver
-from controller.writes.writer import WriteObserver
-from kit.observing import UNOBSERVED
+from capwatch.controller.leasing import LeaseObserver
+from capwatch.controller.writes.writer import WriteObserver
+from capwatch.kit.observing import UNOBSERVED
 
 
 def test_every_method_of_every_observer_takes_the_call_and_does_nothing() -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agent import durable
-from agent.ownership import FILE_NAME, LoadStatus, OwnershipStore, read_records
-from agent.pods import PodRef
-from kit.clock import FakeClock
-from kit.errors import OwnershipError
+from capwatch.agent import durable
+from capwatch.agent.ownership import FILE_NAME, LoadStatus, OwnershipStore, read_records
+from capwatch.agent.pods import PodRef
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.errors import OwnershipError
 
 POD = PodRef(namespace="ml", name="train-0", uid="0f5e6a2c-1111-4222-8333-944455556666")
 

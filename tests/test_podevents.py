@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from agent.dra.claims import ClaimRef
-from agent.gpus import GpuErrorClass
-from agent.podevents import (
+from capwatch.agent.dra.claims import ClaimRef
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.podevents import (
     EventSinkError,
     EventType,
     PodEvent,
@@ -19,8 +19,8 @@ from agent.podevents import (
     event_body,
     events_for,
 )
-from agent.pods import PodRef
-from agent.reports import (
+from capwatch.agent.pods import PodRef
+from capwatch.agent.reports import (
     CapSource,
     ClampDirection,
     CycleReport,

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.attribution import Attributor, FsProcRoot, pod_uid_from_cgroup
-from agent.sim.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text, materialise
-from kit.errors import ConfigError
+from capwatch.agent.attribution import Attributor, FsProcRoot, pod_uid_from_cgroup
+from capwatch.agent.sim.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text, materialise
+from capwatch.kit.errors import ConfigError
 
 PROC = Path(__file__).parent / "data" / "proc"
 UID = "c24956e4-8960-494e-9986-d852c14bb53a"

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from agent.hub import Hub
-from agent.reports import CycleFailure, CycleFailureKind, CycleReport
-from kit.clock import FakeClock
-from kit.readiness import ReadinessReason, evaluate, stale_after
+from capwatch.agent.hub import Hub
+from capwatch.agent.reports import CycleFailure, CycleFailureKind, CycleReport
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.readiness import ReadinessReason, evaluate, stale_after
 
 
 def report(seq: int, clock: FakeClock, *, ok: bool = True) -> CycleReport:
@@ -125,11 +125,13 @@ def test_hub_readiness_can_be_asked_for_another_instant():
 
 @pytest.mark.asyncio
 async def test_async_waiters_are_woken_by_a_publish_from_another_thread():
-    """Many asyncio readers wake on one publish made on a different thread."""
+    """Many asyncio readers, every one of them already blocked in wait(), wake on one
+    publish made on a different thread; a reader of what is already there waits on."""
     clock = FakeClock()
     hub = Hub(clock=clock, stale_after_s=45)
     waiters = [asyncio.create_task(hub.wait(0, timeout=5)) for _ in range(200)]
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # each task runs up to its await; none can finish without a publish
+    assert not any(w.done() for w in waiters)
     await asyncio.to_thread(hub.publish, report(1, clock))
     assert all(await asyncio.gather(*waiters))
     assert not await hub.wait(1, timeout=0.05)

@@ -56,3 +56,20 @@ def test_make_demo_sets_up_only_what_the_demo_uses_and_says_so():
     assert "pip install --quiet -e '.[demo]'" in planned, planned
     assert ".[dev]" not in planned, planned
     assert re.search(r"`make demo` first sets up `\.venv`", _section("Two commands"))
+
+
+def test_the_layout_names_every_top_level_folder_and_nothing_that_is_not_there():
+    """README's layout table matches the tree: each folder at the top of the repository
+    (hidden ones aside) has a row, and every path a row names exists."""
+    named = {
+        path
+        for row in _section("Layout").splitlines()
+        if row.startswith("| `")
+        for path in re.findall(r"`([^`]+)`", row.split("|")[1])
+    }
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    folders = {f.split("/")[0] for f in tracked if "/" in f and not f.startswith(".")}
+    assert {f for f in folders if not any(p.startswith(f"{f}/") for p in named)} == set()
+    assert {p for p in named if not (ROOT / p).exists()} == set()

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from agent.attribution import Attributor, FsProcRoot
-from agent.capping import Mode
-from agent.departure import DepartureCheck
-from agent.hub import Hub
-from agent.lifecycle import Agent
-from agent.nudge import MIN_GAP_S, SETTLE_S, Nudge
-from agent.ownership import OwnershipStore
-from agent.reconciling import Reconciler
-from agent.running import AgentLoop, CycleThread
-from agent.sim.scenario import FaultOp, FaultSpec
-from agent.stepping import Policy
-from kit.clock import Clock, SystemClock
-from kit.readiness import ReadinessReason
+from capwatch.agent.attribution import Attributor, FsProcRoot
+from capwatch.agent.capping import Mode
+from capwatch.agent.departure import DepartureCheck
+from capwatch.agent.hub import Hub
+from capwatch.agent.lifecycle import Agent
+from capwatch.agent.nudge import MIN_GAP_S, SETTLE_S, Nudge
+from capwatch.agent.ownership import OwnershipStore
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.running import AgentLoop, CycleThread
+from capwatch.agent.sim.scenario import FaultOp, FaultSpec
+from capwatch.agent.stepping import Policy
+from capwatch.kit.clock import Clock, SystemClock
+from capwatch.kit.readiness import ReadinessReason
 from tests.contract.conftest import KEY, POD_A, PODS
 from tests.contract.rigs import DEFAULT_W, SimRig
 from tests.controller.virtual_time import LoopClock, VirtualTimeLoop
@@ -121,21 +121,37 @@ async def test_a_raising_cycle_fails_at_once_and_the_loop_goes_on(tmp_path: Path
     await agent.stop()
 
 
+class WatchedHang(threading.Event):
+    """The sim world's interrupt event, noting when a hang starts waiting on it and when
+    that wait ends: whether a hung call is inside its hang right now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.left = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.entered.set()
+        try:
+            return super().wait(timeout)
+        finally:
+            self.left.set()
+
+
 async def test_a_hung_cycle_goes_stale_without_freezing_the_event_loop(tmp_path: Path):
-    """A cycle stuck in a backend call makes readiness stale; the event loop keeps running."""
+    """A cycle stuck in a backend call makes readiness stale while the event loop keeps
+    running: the loop sees the hang begin and then STALE, both while the call is still
+    inside its 30 s hang (a cycle run on the loop would hold it until the hang ended)."""
     rig, _, hub, agent = build(tmp_path, interval=0.05, grace=0.3)
     rig.run(0, {1001: POD_A.ref.uid})
+    hang = rig.world.stop = WatchedHang()
     stop = asyncio.Event()
     agent.start(stop)
     await wait_until(lambda: hub.readiness().ready)
     rig.world.add_fault(FaultSpec(op=FaultOp.PROCESSES, gpu=0, hang_seconds=30))
-    ticks = 0
-    deadline = time.monotonic() + 5
-    while hub.readiness().reason is not ReadinessReason.STALE:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
-        ticks += 1
-    assert ticks >= 10  # the loop ticked all along
+    await wait_until(hang.entered.is_set)
+    await wait_until(lambda: hub.readiness().reason is ReadinessReason.STALE)
+    assert not hang.left.is_set(), "the loop ran only once the hang was over"
     stop.set()
     summary = await agent.stop()
     # The simulated hang is interruptible, so the stuck cycle ends and caps are restored.
@@ -144,16 +160,17 @@ async def test_a_hung_cycle_goes_stale_without_freezing_the_event_loop(tmp_path:
 
 
 async def test_stop_restores_owned_gpus_even_when_the_cycle_never_returns(tmp_path: Path):
-    """An unkillable hang at shutdown: the stop waits out its grace, then restores anyway."""
+    """An unkillable hang at shutdown: with a cycle known to be stuck in it (not merely
+    given time to get there), the stop waits out its grace, then restores anyway."""
     rig, pods, hub, agent = build(tmp_path, interval=0.05, grace=0.3)
     rig.run(0, {1001: POD_A.ref.uid})
     stop = asyncio.Event()
     agent.start(stop)
     await wait_until(lambda: hub.readiness().ready)
     assert rig.limit_mw(0) == 350_000
-    release = threading.Event()
+    release = WatchedHang()
     pods.hold(release)  # not interruptible by the shutdown signal, like a hung NVML call
-    await asyncio.sleep(0.2)
+    await wait_until(release.entered.is_set)  # a cycle is stuck in it now
     stop.set()
     started = time.monotonic()
     summary = await agent.stop()

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.dra.claims import API_VERSION, KIND
-from agent.gpus import GpuErrorClass
-from agent.sim.proctree import CgroupLayout, QosClass
-from agent.sim.scenario import (
+from capwatch.agent.dra.claims import API_VERSION, KIND
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.sim.proctree import CgroupLayout, QosClass
+from capwatch.agent.sim.scenario import (
     ALWAYS,
     CycleRange,
     FaultOp,
@@ -24,8 +24,8 @@ from agent.sim.scenario import (
     load_scenario,
     parse_scenario,
 )
-from agent.sim.scenario_devices import DeviceFaultKind
-from kit.errors import ConfigError, ScenarioError
+from capwatch.agent.sim.scenario_devices import DeviceFaultKind
+from capwatch.kit.errors import ConfigError, ScenarioError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "scenario.md"
 KEY = "capwatch.io/gpu-power-limit"

@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from agent.dra.claims import API_VERSION, KIND
-from agent.sim.cycles import ALWAYS, CycleRange
-from agent.sim.scenario import load_scenario, parse_scenario
-from agent.sim.scenario_claims import (
+from capwatch.agent.dra.claims import API_VERSION, KIND
+from capwatch.agent.sim.cycles import ALWAYS, CycleRange
+from capwatch.agent.sim.scenario import load_scenario, parse_scenario
+from capwatch.agent.sim.scenario_claims import (
     GPU_DRIVER,
     CapParameters,
     ClaimDeviceSpec,
     SliceDeviceSpec,
     SliceSpec,
 )
-from kit.errors import ConfigError, ScenarioError
+from capwatch.kit.errors import ConfigError, ScenarioError
 
 UID_A = "11111111-2222-4333-8444-555555555555"
 UID_B = "66666666-7777-4888-8999-aaaaaaaaaaaa"

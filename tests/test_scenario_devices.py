@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.health.telemetry import ThrottleReason
-from agent.sim.cycles import ALWAYS, CycleRange
-from agent.sim.scenario import load_scenario, parse_scenario
-from agent.sim.scenario_devices import COUNT_MAX, XID_MAX, DeviceFaultKind, DeviceFaultSpec
-from kit.errors import ConfigError, ScenarioError
+from capwatch.agent.health.telemetry import ThrottleReason
+from capwatch.agent.sim.cycles import ALWAYS, CycleRange
+from capwatch.agent.sim.scenario import load_scenario, parse_scenario
+from capwatch.agent.sim.scenario_devices import COUNT_MAX, XID_MAX, DeviceFaultKind, DeviceFaultSpec
+from capwatch.kit.errors import ConfigError, ScenarioError
 
 K = DeviceFaultKind
 

@@ -11,12 +11,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from kit.scratch import ScratchDirectory, sweep
+from capwatch.kit.scratch import ScratchDirectory, sweep
 
 PREFIX = "capwatch-test-scratch-"
 # A process that makes a scratch directory, says where, and waits to be killed.
 HOLDER = (
-    "import sys, time; from pathlib import Path; from kit.scratch import ScratchDirectory; "
+    "import sys, time; from pathlib import Path; "
+    "from capwatch.kit.scratch import ScratchDirectory; "
     f"made = ScratchDirectory({PREFIX!r}, parent=Path(sys.argv[1])); "
     "(made.path / 'file').write_text('x'); print(made.path, flush=True); time.sleep(600)"
 )

@@ -12,22 +12,28 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.assembly import build_agent
-from agent.attribution import Attributor
-from agent.capping import DEFAULT_ANNOTATION_KEY
-from agent.dra.claims import API_VERSION, DRIVER, KIND, ClaimRef
-from agent.dra.slices import DeviceName
-from agent.ownership import OwnershipStore
-from agent.reconciling import Reconciler
-from agent.reports import CapSource, CycleFailureKind, CycleReport, Outcome, SafeDefaultCause
-from agent.settings import add_agent_arguments, agent_settings
-from agent.sim.claims import SimClaimView, claim_objects, slice_objects
-from agent.sim.scenario import Scenario, parse_scenario
-from agent.sim.views import SimGpuBackend, SimPodView
-from agent.sim.world import SimWorld
-from agent.stepping import Policy
-from kit.clock import FakeClock
-from kit.errors import PodViewError
+from capwatch.agent.assembly import build_agent
+from capwatch.agent.attribution import Attributor
+from capwatch.agent.capping import DEFAULT_ANNOTATION_KEY
+from capwatch.agent.dra.claims import API_VERSION, DRIVER, KIND, ClaimRef
+from capwatch.agent.dra.slices import DeviceName
+from capwatch.agent.ownership import OwnershipStore
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import (
+    CapSource,
+    CycleFailureKind,
+    CycleReport,
+    Outcome,
+    SafeDefaultCause,
+)
+from capwatch.agent.settings import add_agent_arguments, agent_settings
+from capwatch.agent.sim.claims import SimClaimView, claim_objects, slice_objects
+from capwatch.agent.sim.scenario import Scenario, parse_scenario
+from capwatch.agent.sim.views import SimGpuBackend, SimPodView
+from capwatch.agent.sim.world import SimWorld
+from capwatch.agent.stepping import Policy
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.errors import PodViewError
 
 UID_A = "11111111-2222-4333-8444-555555555555"
 UID_B = "66666666-7777-4888-8999-aaaaaaaaaaaa"

@@ -7,12 +7,17 @@ from typing import Any
 
 import pytest
 
-from agent.gpus import GpuError, GpuErrorClass, WriteOutcome
-from agent.health.telemetry import EVENT_KEYS_LIMIT, DeviceEventKind, Readings, ThrottleReason
-from agent.sim.devices import READS
-from agent.sim.scenario import Scenario, parse_scenario
-from agent.sim.views import SimGpuBackend
-from agent.sim.world import SimWorld
+from capwatch.agent.gpus import GpuError, GpuErrorClass, WriteOutcome
+from capwatch.agent.health.telemetry import (
+    EVENT_KEYS_LIMIT,
+    DeviceEventKind,
+    Readings,
+    ThrottleReason,
+)
+from capwatch.agent.sim.devices import READS
+from capwatch.agent.sim.scenario import Scenario, parse_scenario
+from capwatch.agent.sim.views import SimGpuBackend
+from capwatch.agent.sim.world import SimWorld
 
 UID_A = "11111111-2222-4333-8444-555555555555"
 GPU0, GPU1 = "GPU-aaaa-0", "GPU-aaaa-1"

@@ -8,21 +8,21 @@ from typing import Any
 
 import pytest
 
-from agent.attribution import Attributor
-from agent.capping import DEFAULT_ANNOTATION_KEY
-from agent.devices import fold, inventory
-from agent.gpus import GpuErrorClass
-from agent.health.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, FaultKind
-from agent.health.telemetry import DeviceEventKind, ThrottleReason
-from agent.ownership import OwnershipStore
-from agent.reconciling import Reconciler
-from agent.reports import CycleReport, GpuResult, Outcome, Reason
-from agent.sim.devices import READS
-from agent.sim.scenario import Scenario, default_scenario, parse_scenario
-from agent.sim.views import SimGpuBackend, SimPodView
-from agent.sim.world import SimWorld
-from agent.stepping import Policy
-from kit.clock import FakeClock
+from capwatch.agent.attribution import Attributor
+from capwatch.agent.capping import DEFAULT_ANNOTATION_KEY
+from capwatch.agent.devices import fold, inventory
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.health.faults import DEFAULT_FAULT_RECOVERY_S, DEFAULT_XID_IGNORE, FaultKind
+from capwatch.agent.health.telemetry import DeviceEventKind, ThrottleReason
+from capwatch.agent.ownership import OwnershipStore
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import CycleReport, GpuResult, Outcome, Reason
+from capwatch.agent.sim.devices import READS
+from capwatch.agent.sim.scenario import Scenario, default_scenario, parse_scenario
+from capwatch.agent.sim.views import SimGpuBackend, SimPodView
+from capwatch.agent.sim.world import SimWorld
+from capwatch.agent.stepping import Policy
+from capwatch.kit.clock import FakeClock
 
 UID_A = "11111111-2222-4333-8444-555555555555"
 GPU0, GPU1 = "GPU-aaaa-0", "GPU-aaaa-1"

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpus import GpuErrorClass, WriteOutcome
-from agent.sim.limits import PersistentLimits
-from agent.sim.scenario import parse_scenario
-from agent.sim.views import SimGpuBackend
-from agent.sim.world import SimWorld
+from capwatch.agent.gpus import GpuErrorClass, WriteOutcome
+from capwatch.agent.sim.limits import PersistentLimits
+from capwatch.agent.sim.scenario import parse_scenario
+from capwatch.agent.sim.views import SimGpuBackend
+from capwatch.agent.sim.world import SimWorld
 from capwatch.cli import main
-from kit.errors import ConfigError
+from capwatch.kit.errors import ConfigError
 
 UUIDS = ("GPU-5e5e5e5e-0000-4000-8000-000000000000", "GPU-5e5e5e5e-0000-4000-8000-000000000001")
 SCENARIO = parse_scenario(

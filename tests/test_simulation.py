@@ -11,22 +11,22 @@ from typing import Any
 
 import pytest
 
-from agent.attribution import Attributor, FsProcRoot
-from agent.capping import DEFAULT_ANNOTATION_KEY
-from agent.gpus import GpuBackend, GpuError, GpuErrorClass, WriteOutcome, WriteResult
-from agent.ownership import OwnershipStore
-from agent.pods import PodView
-from agent.reconciling import Reconciler
-from agent.reports import CapSource, Outcome
-from agent.sim.claims import SimClaimView
-from agent.sim.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text
-from agent.sim.scenario import FaultOp, FaultSpec, PodSpec, Scenario, parse_scenario
-from agent.sim.scenario import default_scenario as builtin_scenario
-from agent.sim.views import SimGpuBackend, SimPodView
-from agent.sim.world import SimWorld, SimWrite, WriteKind
-from agent.stepping import Policy
-from kit.clock import FakeClock
-from kit.errors import PodViewError, ScenarioError
+from capwatch.agent.attribution import Attributor, FsProcRoot
+from capwatch.agent.capping import DEFAULT_ANNOTATION_KEY
+from capwatch.agent.gpus import GpuBackend, GpuError, GpuErrorClass, WriteOutcome, WriteResult
+from capwatch.agent.ownership import OwnershipStore
+from capwatch.agent.pods import PodView
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import CapSource, Outcome
+from capwatch.agent.sim.claims import SimClaimView
+from capwatch.agent.sim.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text
+from capwatch.agent.sim.scenario import FaultOp, FaultSpec, PodSpec, Scenario, parse_scenario
+from capwatch.agent.sim.scenario import default_scenario as builtin_scenario
+from capwatch.agent.sim.views import SimGpuBackend, SimPodView
+from capwatch.agent.sim.world import SimWorld, SimWrite, WriteKind
+from capwatch.agent.stepping import Policy
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.errors import PodViewError, ScenarioError
 
 UID_A = "11111111-2222-4333-8444-555555555555"
 UID_B = "66666666-7777-4888-8999-aaaaaaaaaaaa"
@@ -237,7 +237,7 @@ def test_hang_blocks_for_its_duration_then_proceeds(caplog: pytest.LogCaptureFix
     """A hang fault delays the call by its seconds, then the write happens normally; a
     call on another GPU does not hang (the world logs every hang it sleeps through)."""
     world, backend, _ = sim(faults=[{"op": "set_limit", "gpu": 0, "hang": 0.2}])
-    with caplog.at_level(logging.INFO, logger="agent.sim.world"):
+    with caplog.at_level(logging.INFO, logger="capwatch.agent.sim.world"):
         start = time.monotonic()
         result = backend.set_limit(0, uuid=GPU0, milliwatts=200_000)
         elapsed = time.monotonic() - start
@@ -251,15 +251,29 @@ def test_hang_blocks_for_its_duration_then_proceeds(caplog: pytest.LogCaptureFix
     assert "op=set_limit gpu=0 " in hangs[0]
 
 
+class EnteredHang(threading.Event):
+    """A SimWorld's interrupt event that notes when a hang starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.entered.set()
+        return super().wait(timeout)
+
+
 def test_interrupt_ends_a_hang_and_disarms_later_ones() -> None:
-    """interrupt() wakes a call hung for 30 s at once; later hangs no longer block."""
+    """interrupt() wakes a call that is inside its 30 s hang (known to be, not given time
+    to get there) at once; later hangs no longer block."""
     world, backend, _ = sim(faults=[{"op": "processes", "gpu": 1, "hang": 30}])
+    hang = world.stop = EnteredHang()
     world.begin_cycle(3)
     out: list[tuple[int, ...]] = []
     worker = threading.Thread(target=lambda: out.append(backend.processes(1)))
     start = time.monotonic()
     worker.start()
-    time.sleep(0.1)
+    assert hang.entered.wait(5), "the call never reached its hang"
     assert worker.is_alive(), "the call is hung"
     world.interrupt()
     worker.join(timeout=5)

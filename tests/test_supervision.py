@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kit.supervision import ended
+from capwatch.kit.supervision import ended
 
 log = logging.getLogger("test.supervision")
 

@@ -14,10 +14,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from capwatch.cli import main
-from controller.settings import add_controller_arguments, controller_settings
-from kit.errors import ConfigError
-from kit.tls import TlsFileError, check_ca, check_pair
-from server.settings import server_settings
+from capwatch.controller.settings import add_controller_arguments, controller_settings
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.tls import TlsFileError, check_ca, check_pair
+from capwatch.server.settings import server_settings
 from tests.pem import write_certificate, write_key
 
 CAPWATCH = [sys.executable, "-m", "capwatch.cli"]

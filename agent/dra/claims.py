@@ -13,7 +13,7 @@ The agent reads only the claims the pods bound to its node name, as the kubelet 
 (:func:`referenced_claims`): a claim's allocation (``status.allocation.devices``)
 names each device it got by driver, pool and device name, and carries the claim's
 configuration, its class's first (``source: FromClass``), then its own
-(``FromClaim``); the node's ResourceSlices (:mod:`agent.dra.slices`) say which GPU each
+(``FromClaim``); the node's ResourceSlices (:mod:`capwatch.agent.dra.slices`) say which GPU each
 device is. :func:`claims_snapshot` joins them, pure: each GPU UUID with the caps
 its claims ask for, and every claim that cannot be taken as a named problem.
 
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from agent.dra.slices import NO_DEVICES, DeviceName, NodeDevices
-from agent.gpus import MAX_REQUEST_WATTS
-from agent.pods import PodRef, PodSnapshot
+from capwatch.agent.dra.slices import NO_DEVICES, DeviceName, NodeDevices
+from capwatch.agent.gpus import MAX_REQUEST_WATTS
+from capwatch.agent.pods import PodRef, PodSnapshot
 
 DRIVER = "capwatch.io"
 API_VERSION = "capwatch.io/v1alpha1"

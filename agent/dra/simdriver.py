@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kit.errors import CapwatchError
+from capwatch.kit.errors import CapwatchError
 
 DRIVER = "sim.capwatch.io"
 RESOURCE_API = "resource.k8s.io/v1"

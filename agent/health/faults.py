@@ -43,9 +43,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from agent.gpus import GpuErrorClass
-from agent.health.telemetry import DeviceEvent, DeviceEventKind, Readings
-from kit.errors import ConfigError
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.health.telemetry import DeviceEvent, DeviceEventKind, Readings
+from capwatch.kit.errors import ConfigError
 
 DEFAULT_XID_IGNORE: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 DEFAULT_FAULT_RECOVERY_S = 600.0

@@ -1,6 +1,6 @@
 """What a GPU says about itself: per-cycle readings and asynchronous device events.
 
-Both GPU backends produce these values; :mod:`agent.health.faults` judges them.
+Both GPU backends produce these values; :mod:`capwatch.agent.health.faults` judges them.
 
 - :class:`Readings` are read once per cycle, per GPU: power draw, the enforced
   power limit read back, the clock-event (throttle) reasons, the volatile

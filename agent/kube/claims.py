@@ -3,18 +3,18 @@
 Read as the kubelet reads them, never cluster-wide:
 
 - **claims by name.** The pod view already holds this node's pods, and each pod
-  names its claims (:func:`agent.kube.wire.pod_claims`). A claim is fetched with
+  names its claims (:func:`capwatch.agent.kube.pod_wire.pod_claims`). A claim is fetched with
   one GET when a pod of this node first uses it (and again when another pod does),
   then kept while some pod of the node still uses it: a claim's spec never changes
   and its allocation is written before its pod is bound. A steady cycle makes no
   request; 20,000 claims of other nodes cost nothing here. RBAC: ``get``.
 - **this node's slices** by list+watch with ``fieldSelector=spec.nodeName=<node>``
-  (:mod:`agent.kube.informer`). A cycle that cannot trust them aborts before touching
+  (:mod:`capwatch.kube.informer`). A cycle that cannot trust them aborts before touching
   a GPU, as with the pod view.
 
 A claim that cannot be read (not found, not allocated, the request failed) is not
 an abort: it is a named failure of the cycle and its pods' GPUs keep their caps
-(:mod:`agent.dra.claims`), and it is read again next cycle.
+(:mod:`capwatch.agent.dra.claims`), and it is read again next cycle.
 
 resource.k8s.io/v1 may not be served (before Kubernetes 1.34, or switched off), or
 may start or stop being served while the agent runs: when it is not, no slice is
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from agent.dra.claims import (
+from capwatch.agent.dra.claims import (
     ClaimKey,
     ClaimsSnapshot,
     Pin,
@@ -42,12 +42,12 @@ from agent.dra.claims import (
     claims_snapshot,
     referenced_claims,
 )
-from agent.dra.slices import DEFAULT_UUID_ATTRIBUTE, NodeDevices, node_devices
-from agent.kube.informer import Informer, ListWatchRequests, WatchPolicy
-from agent.kube.wire import ApiStatusError, as_mapping
-from agent.pods import PodSnapshot
-from kit.clock import Clock
-from kit.errors import CapwatchError, PodViewError
+from capwatch.agent.dra.slices import DEFAULT_UUID_ATTRIBUTE, NodeDevices, node_devices
+from capwatch.agent.pods import PodSnapshot
+from capwatch.kit.clock import Clock
+from capwatch.kit.errors import CapwatchError, PodViewError
+from capwatch.kube.informer import Informer, ListWatchRequests, WatchPolicy
+from capwatch.kube.wire import ApiStatusError, as_mapping
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +120,12 @@ class _Held:
 
 
 class NodeClaims:
-    """A :class:`~agent.dra.claims.ClaimView` over the API server (see the module docstring).
+    """A :class:`~capwatch.agent.dra.claims.ClaimView` over the API server (see the module
+    docstring).
 
     ``served`` asks whether resource.k8s.io/v1 is served (True, False, or None when it
     cannot tell: taken as served). ``on_change`` is the agent's
-    :class:`~agent.nudge.Nudge`, told when this node's slices change.
+    :class:`~capwatch.agent.nudge.Nudge`, told when this node's slices change.
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""The reads behind :mod:`agent.departure`: the agent's own pod, its DaemonSet, its node.
+"""The reads behind :mod:`capwatch.agent.departure`: the agent's own pod, its DaemonSet, its node.
 
 Three GETs at shutdown, each bounded by the requests' own timeout: the pod (for
 the DaemonSet that controls it), the DaemonSet, the node. A 404 of the DaemonSet
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from agent.departure import Departure, staying_unknown
-from agent.kube.client import ObjectReadError
-from agent.kube.selection import controller_daemonset, judge
-from agent.kube.wire import ApiStatusError
-from kit.errors import CapwatchError
+from capwatch.agent.departure import Departure, staying_unknown
+from capwatch.agent.kube.selection import controller_daemonset, judge
+from capwatch.kit.errors import CapwatchError
+from capwatch.kube.client import ObjectReadError
+from capwatch.kube.wire import ApiStatusError
 
 _REVOKED = (401, 403)
 

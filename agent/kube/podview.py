@@ -6,7 +6,7 @@ cache only while the informer is known to be in sync (its rules: the first
 LIST done, requests not failing for longer than ``stale_after`` -- the agent
 passes one interval -- and something delivered within the silence bound
 ``B``, ``--pod-silence-bound``); otherwise it raises
-:class:`~kit.errors.PodViewError`, and the cycle aborts before touching a
+:class:`~capwatch.kit.errors.PodViewError`, and the cycle aborts before touching a
 GPU (caps stay as they are, the cycle fails, readiness drops).
 
 The worst case, exactly: a snapshot is handed out at time ``t`` only if the
@@ -31,11 +31,12 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from agent.kube.informer import Informer, InformerStats, ListWatchRequests, WatchPolicy
-from agent.kube.wire import as_mapping, pod_info
-from agent.pods import PodInfo, PodSnapshot
-from kit.clock import Clock
-from kit.errors import PodViewError
+from capwatch.agent.kube.pod_wire import pod_info
+from capwatch.agent.pods import PodInfo, PodSnapshot
+from capwatch.kit.clock import Clock
+from capwatch.kit.errors import PodViewError
+from capwatch.kube.informer import Informer, InformerStats, ListWatchRequests, WatchPolicy
+from capwatch.kube.wire import as_mapping
 
 
 class _PodStore:
@@ -70,7 +71,7 @@ class _PodStore:
 
 
 class PodInformer:
-    """A :class:`~agent.pods.PodView` kept current by list+watch in a daemon thread."""
+    """A :class:`~capwatch.agent.pods.PodView` kept current by list+watch in a daemon thread."""
 
     def __init__(
         self,
@@ -83,7 +84,7 @@ class PodInformer:
         on_new_pod: Callable[[], None] | None = None,
     ) -> None:
         """``on_new_pod``: called (on the informer's thread) when a pod the view did not
-        hold arrives: the agent's :class:`~agent.nudge.Nudge`."""
+        hold arrives: the agent's :class:`~capwatch.agent.nudge.Nudge`."""
         if not node_name:
             raise ValueError("node_name must not be empty")
         self._node = node_name

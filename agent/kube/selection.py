@@ -1,6 +1,6 @@
 """Whether a DaemonSet still runs on a node, decided over the objects' JSON.
 
-:class:`agent.kube.departure.KubeDepartureCheck` asks it at shutdown; the rules
+:class:`capwatch.agent.kube.departure.KubeDepartureCheck` asks it at shutdown; the rules
 are the DaemonSet controller's for a pod that should continue running on its
 node: the DaemonSet exists and is not being deleted, the node exists and is
 not being deleted, the template's nodeSelector and required node affinity
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.departure import Departure
+from capwatch.agent.departure import Departure
 
 # The DaemonSet controller adds these tolerations to every pod it makes, so a
 # node's own not-ready or unreachable taints never make it drop a DaemonSet pod.

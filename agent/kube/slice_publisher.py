@@ -14,10 +14,17 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from agent.kube.client import describe, raw_get
-from agent.kube.transport import ApiTransport
-from agent.kube.wire import APPLY, TRANSIENT, ApiStatusError, read_json, status_message
-from kit.errors import CapwatchError
+from capwatch.kit.errors import CapwatchError
+from capwatch.kube.client import describe, raw_get
+from capwatch.kube.transport import ApiTransport
+from capwatch.kube.wire import (
+    APPLY,
+    TRANSIENT,
+    WRITE_TIMEOUT_S,
+    ApiStatusError,
+    read_json,
+    status_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +39,7 @@ class SlicePublishError(CapwatchError):
 class SlicePublisher:
     """Applies one ResourceSlice through ``transport``; blocking (run it in a thread)."""
 
-    def __init__(self, transport: ApiTransport, *, timeout: float = 10.0) -> None:
+    def __init__(self, transport: ApiTransport, *, timeout: float = WRITE_TIMEOUT_S) -> None:
         self._transport = transport
         self._timeout = timeout
 

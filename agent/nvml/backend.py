@@ -1,9 +1,9 @@
 """The real GPU backend: NVML through the official ``pynvml`` bindings (nvidia-ml-py).
 
 This is the only module in capwatch that imports ``pynvml``. It turns every
-NVML error into a :class:`~agent.gpus.GpuErrorClass` by its numeric code
-(:func:`classify`), raises :class:`~agent.gpus.GpuError` on reads, and returns a
-typed :class:`~agent.gpus.WriteResult` from every write, never raising for a
+NVML error into a :class:`~capwatch.agent.gpus.GpuErrorClass` by its numeric code
+(:func:`classify`), raises :class:`~capwatch.agent.gpus.GpuError` on reads, and returns a
+typed :class:`~capwatch.agent.gpus.WriteResult` from every write, never raising for a
 device-level failure.
 
 Every write re-reads the UUID of the device at the given index immediately
@@ -13,7 +13,7 @@ itself returned ``NVML_SUCCESS`` (``pynvml``'s wrappers raise for every other
 return code); there is no post-write readback.
 
 XID and double-bit ECC events come from an NVML event set drained by a thread
-(:mod:`agent.nvml.event_watch`, which gets its NVML calls from here).
+(:mod:`capwatch.agent.nvml.event_watch`, which gets its NVML calls from here).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 
 import pynvml  # noqa: TID251 - the one module allowed to import it
 
-from agent.gpus import GpuError, GpuErrorClass, PowerConstraints, WriteOutcome, WriteResult
-from agent.health.telemetry import (
+from capwatch.agent.gpus import GpuError, GpuErrorClass, PowerConstraints, WriteOutcome, WriteResult
+from capwatch.agent.health.telemetry import (
     NO_READINGS,
     DeviceEvent,
     DeviceEventKind,
@@ -37,8 +37,8 @@ from agent.health.telemetry import (
     Readings,
     ThrottleReason,
 )
-from agent.nvml.event_watch import WAIT_MS, EventWatch, RawEvent
-from kit.errors import BackendUnavailable
+from capwatch.agent.nvml.event_watch import WAIT_MS, EventWatch, RawEvent
+from capwatch.kit.errors import BackendUnavailable
 
 _log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ _WATCHED = {
 
 
 class _EventCalls:
-    """:class:`~agent.nvml.event_watch.EventCalls` on one NVML event set."""
+    """:class:`~capwatch.agent.nvml.event_watch.EventCalls` on one NVML event set."""
 
     def __init__(self, event_set: Any) -> None:
         self._set = event_set
@@ -185,13 +185,13 @@ class _EventCalls:
 
 
 class NvmlBackend:
-    """:class:`~agent.gpus.GpuBackend` over NVML. Construction calls ``nvmlInit``.
+    """:class:`~capwatch.agent.gpus.GpuBackend` over NVML. Construction calls ``nvmlInit``.
 
     Safe to use from several threads (the cycle thread and a shutdown restore):
     NVML is thread-safe, and the lock here guards only this object's own
     closed flag, never an NVML call, so a hung call blocks only its caller.
     Every device is registered for events after init (no event set: logged,
-    the backend works without events); see :mod:`agent.nvml.event_watch`.
+    the backend works without events); see :mod:`capwatch.agent.nvml.event_watch`.
     """
 
     def __init__(self, *, event_wait_ms: int = WAIT_MS) -> None:

@@ -3,8 +3,8 @@
 :class:`EventWatch` registers devices on one NVML event set and runs a named
 daemon thread that waits on it with a short timeout, so :meth:`EventWatch.close`
 (flag, then join) returns within about one timeout. The NVML calls themselves
-come from :mod:`agent.nvml.backend` through :class:`EventCalls`, so this module never
-imports ``pynvml``; every call raises :class:`~agent.gpus.GpuError` on failure.
+come from :mod:`capwatch.agent.nvml.backend` through :class:`EventCalls`, so this module never
+imports ``pynvml``; every call raises :class:`~capwatch.agent.gpus.GpuError` on failure.
 
 - An event's device is mapped to its index with ``nvmlDeviceGetIndex`` and to
   its UUID with ``nvmlDeviceGetUUID`` on the event's handle. If the index read
@@ -31,9 +31,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.gpus import GpuError, GpuErrorClass
-from agent.health.telemetry import DeviceEventKind, EventAccumulator
-from kit.throttling import ThrottledLog
+from capwatch.agent.gpus import GpuError, GpuErrorClass
+from capwatch.agent.health.telemetry import DeviceEventKind, EventAccumulator
+from capwatch.kit.throttling import ThrottledLog
 
 log = logging.getLogger(__name__)
 

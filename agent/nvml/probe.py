@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TextIO
 
-from agent.gpus import GpuBackend, GpuError
-from agent.health.telemetry import DeviceEvent, Readings
-from agent.nvml.backend import NvmlBackend
-from kit.errors import ConfigError
-from kit.flags import Option, add_options, boolean, read_options
+from capwatch.agent.gpus import GpuBackend, GpuError
+from capwatch.agent.health.telemetry import DeviceEvent, Readings
+from capwatch.agent.nvml.backend import NvmlBackend
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.flags import Option, add_options, boolean, read_options
 
 MAX_EVENTS_FOR_S = 3600.0
 DRAIN_EVERY_S = 0.25

@@ -3,9 +3,9 @@ serves them, joined by the agent's own code.
 
 :func:`slice_objects` and :func:`claim_objects` build resource.k8s.io/v1 ResourceSlice
 and ResourceClaim dicts (the shape the real informer lists and watches) from a
-scenario (:mod:`agent.sim.scenario_claims`); :class:`SimClaimView` implements
-:class:`~agent.dra.claims.ClaimView` over a :class:`~agent.sim.world.SimWorld` by
-passing the current cycle's objects to :func:`agent.dra.claims.claims_snapshot`, so the
+scenario (:mod:`capwatch.agent.sim.scenario_claims`); :class:`SimClaimView` implements
+:class:`~capwatch.agent.dra.claims.ClaimView` over a :class:`~capwatch.agent.sim.world.SimWorld` by
+passing the current cycle's objects to :func:`capwatch.agent.dra.claims.claims_snapshot`, so the
 simulator exercises the very join the real agent uses.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agent.dra.claims import (
+from capwatch.agent.dra.claims import (
     DRIVER,
     ClaimKey,
     ClaimsSnapshot,
@@ -23,12 +23,12 @@ from agent.dra.claims import (
     claims_snapshot,
     referenced_claims,
 )
-from agent.dra.slices import DEFAULT_UUID_ATTRIBUTE, node_devices
-from agent.pods import PodSnapshot
-from agent.sim.scenario import Scenario
-from agent.sim.scenario_claims import ClaimSpec, SliceSpec, derived_slices
-from agent.sim.world import SimWorld
-from kit.errors import PodViewError
+from capwatch.agent.dra.slices import DEFAULT_UUID_ATTRIBUTE, node_devices
+from capwatch.agent.pods import PodSnapshot
+from capwatch.agent.sim.scenario import Scenario
+from capwatch.agent.sim.scenario_claims import ClaimSpec, SliceSpec, derived_slices
+from capwatch.agent.sim.world import SimWorld
+from capwatch.kit.errors import PodViewError
 
 API_VERSION = "resource.k8s.io/v1"
 
@@ -134,9 +134,9 @@ def claim_objects(scenario: Scenario, *, cycle: int, node: str) -> list[dict[str
 
 
 class SimClaimView:
-    """A :class:`~agent.dra.claims.ClaimView` over a :class:`SimWorld`: the claims the
+    """A :class:`~capwatch.agent.dra.claims.ClaimView` over a :class:`SimWorld`: the claims the
     cycle's pods use (each pod uses the claims reserved for it), read from the
-    scenario and joined with the node's slices by :func:`agent.dra.claims.claims_snapshot`.
+    scenario and joined with the node's slices by :func:`capwatch.agent.dra.claims.claims_snapshot`.
 
     ``node`` is the agent's node name (the scenario's unless the agent is told
     another): derived slices are its pool. ``uuid_attribute`` is the agent's

@@ -2,7 +2,7 @@
 
 :class:`SimDevices` is the device half of a simulated node (``agent.sim.world``
 holds the other half: limits, processes, pods, call faults). It answers the
-backend's :meth:`~agent.gpus.GpuBackend.readings` and queues device events the
+backend's :meth:`~capwatch.agent.gpus.GpuBackend.readings` and queues device events the
 way NVML's event set would, and tests and scenarios change it with a few
 methods (:meth:`queue_xid`, :meth:`ecc_error`, :meth:`lose`, ...); a scenario's
 ``device_faults`` call the same methods as their cycles begin (``agent.sim.faults``).
@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from agent.health.telemetry import (
+from capwatch.agent.health.telemetry import (
     DeviceEventKind,
     EventAccumulator,
     Readings,

@@ -1,7 +1,7 @@
 """A scenario's device faults, applied to the simulated devices as each cycle begins.
 
 :class:`DeviceFaultSchedule` turns the ``device_faults`` of a scenario (see
-``agent.sim.scenario_devices``) into calls on :class:`~agent.sim.devices.SimDevices`:
+``agent.sim.scenario_devices``) into calls on :class:`~capwatch.agent.sim.devices.SimDevices`:
 
 - ``xid`` and ``ecc`` fire their ``count`` events in every cycle their range
   covers, as that cycle begins, bound to the GPU's UUID (never at start-up:
@@ -28,9 +28,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from agent.health.telemetry import ThrottleReason
-from agent.sim.devices import SimDevices
-from agent.sim.scenario_devices import DeviceFaultKind, DeviceFaultSpec
+from capwatch.agent.health.telemetry import ThrottleReason
+from capwatch.agent.sim.devices import SimDevices
+from capwatch.agent.sim.scenario_devices import DeviceFaultKind, DeviceFaultSpec
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from agent.durable import read_regular, write_atomically
-from kit.errors import ConfigError
+from capwatch.agent.durable import read_regular, write_atomically
+from capwatch.kit.errors import ConfigError
 
 
 class PersistentLimits:

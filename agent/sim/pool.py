@@ -1,7 +1,7 @@
 """Many simulated nodes in one process: each its own agent, all on one cycle thread.
 
 Each :class:`PoolNode` is a whole node agent but for the process: its own
-simulated world (:mod:`agent.sim.poolspec` writes its scenario), reconciler,
+simulated world (:mod:`capwatch.agent.sim.poolspec` writes its scenario), reconciler,
 ownership record (in memory: a pool's GPUs die with it), sequence numbers
 and hub. What they share is the thread their cycles run on: a pool of 5,000
 nodes does not need 5,000 threads, since a simulated cycle never blocks. The
@@ -24,20 +24,20 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.attribution import Attributor
-from agent.devices import inventory
-from agent.gpus import GpuErrorClass
-from agent.hub import Hub
-from agent.ownership import OwnershipStore
-from agent.reconciling import Reconciler
-from agent.reports import CycleReport
-from agent.sim.poolspec import PoolFault, PoolFaultKind, node_names, node_scenario
-from agent.sim.scenario import FaultOp, FaultSpec
-from agent.sim.views import SimGpuBackend, SimPodView
-from agent.sim.world import SimWorld
-from agent.stepping import Policy
-from kit.clock import Clock
-from kit.readiness import stale_after
+from capwatch.agent.attribution import Attributor
+from capwatch.agent.devices import inventory
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.hub import Hub
+from capwatch.agent.ownership import OwnershipStore
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import CycleReport
+from capwatch.agent.sim.poolspec import PoolFault, PoolFaultKind, node_names, node_scenario
+from capwatch.agent.sim.scenario import FaultOp, FaultSpec
+from capwatch.agent.sim.views import SimGpuBackend, SimPodView
+from capwatch.agent.sim.world import SimWorld
+from capwatch.agent.stepping import Policy
+from capwatch.kit.clock import Clock
+from capwatch.kit.readiness import stale_after
 
 log = logging.getLogger(__name__)
 

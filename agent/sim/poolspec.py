@@ -33,8 +33,8 @@ import uuid
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.sim.scenario import GpuSpec, PodSpec, ProcessSpec, Scenario
-from kit.errors import ConfigError
+from capwatch.agent.sim.scenario import GpuSpec, PodSpec, ProcessSpec, Scenario
+from capwatch.kit.errors import ConfigError
 
 _FAULT = re.compile(
     r"(?P<kind>[a-z_]+):(?P<fraction>[0-9.]+)@(?P<start>[0-9.]+)\+(?P<duration>[0-9.]+)"

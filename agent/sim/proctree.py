@@ -1,9 +1,9 @@
 """Writes a fake ``/proc`` tree whose ``<pid>/cgroup`` files look like a real node's.
 
 The simulator materialises one for its processes so the real attribution code
-(:class:`agent.attribution.FsProcRoot` and :class:`~agent.attribution.Attributor`)
+(:class:`capwatch.agent.attribution.FsProcRoot` and :class:`~capwatch.agent.attribution.Attributor`)
 runs unchanged in simulation; tests use it to cover every layout. It is the
-inverse of :func:`agent.attribution.pod_uid_from_cgroup`.
+inverse of :func:`capwatch.agent.attribution.pod_uid_from_cgroup`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from agent.attribution import canonical_pod_uid
-from kit.errors import ConfigError
+from capwatch.agent.attribution import canonical_pod_uid
+from capwatch.kit.errors import ConfigError
 
 _CONTAINER_ID = re.compile("[0-9a-f]{64}", re.ASCII)
 
@@ -66,7 +66,7 @@ class ProcSpec:
 
     ``pod_uid`` None is a process outside Kubernetes (a user's session on the
     node). ``container_id`` None derives a stable 64-hex id from ``pid``.
-    Raises :class:`~kit.errors.ConfigError` for values no real node produces.
+    Raises :class:`~capwatch.kit.errors.ConfigError` for values no real node produces.
     """
 
     pid: int

@@ -3,14 +3,14 @@
 A scenario describes a simulated node for the ``sim`` backend and pod view:
 its GPUs, the pods on it, which processes run on which GPU, the DRA
 ResourceClaims allocated on it and its ResourceSlices (``claims``, ``slices``,
-parsed by :mod:`agent.sim.scenario_claims`), faults to inject into backend
+parsed by :mod:`capwatch.agent.sim.scenario_claims`), faults to inject into backend
 calls, and faults of the devices themselves (``device_faults``, parsed by
-:mod:`agent.sim.scenario_devices`), each optionally limited to a range of
+:mod:`capwatch.agent.sim.scenario_devices`), each optionally limited to a range of
 reconcile cycles. The format is
 YAML (JSON is valid YAML) and is documented in ``docs/scenario.md``.
 
 Validation is strict: unknown keys, wrong types, out-of-range numbers,
-duplicates and dangling references all raise :class:`~kit.errors.ScenarioError`
+duplicates and dangling references all raise :class:`~capwatch.kit.errors.ScenarioError`
 whose ``option`` is the path to the bad key (``gpus[1].min_watts``), so a typo
 never silently turns into a different simulation.
 """
@@ -29,16 +29,16 @@ from typing import NoReturn, TypeVar
 
 import yaml
 
-from agent.attribution import canonical_pod_uid
-from agent.gpus import GpuErrorClass
-from agent.pods import PodInfo, PodRef
-from agent.sim import yamlsource
-from agent.sim.cycles import ALWAYS, CycleRange
-from agent.sim.proctree import CgroupLayout, QosClass
-from agent.sim.scenario_claims import ClaimSpec, SliceSpec, parse_claims, parse_slices
-from agent.sim.scenario_devices import DeviceFaultSpec, parse_device_faults
-from agent.sim.yamlsource import Position, join
-from kit.errors import ScenarioError
+from capwatch.agent.attribution import canonical_pod_uid
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.pods import PodInfo, PodRef
+from capwatch.agent.sim import yamlsource
+from capwatch.agent.sim.cycles import ALWAYS, CycleRange
+from capwatch.agent.sim.proctree import CgroupLayout, QosClass
+from capwatch.agent.sim.scenario_claims import ClaimSpec, SliceSpec, parse_claims, parse_slices
+from capwatch.agent.sim.scenario_devices import DeviceFaultSpec, parse_device_faults
+from capwatch.agent.sim.yamlsource import Position, join
+from capwatch.kit.errors import ScenarioError
 
 _E = TypeVar("_E", bound=Enum)
 _T = TypeVar("_T")

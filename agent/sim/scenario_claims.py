@@ -8,7 +8,7 @@ ones included: that is what an invalid claim looks like), during a range of
 cycles. ``slices`` lists the node's ResourceSlices; without it they are derived
 from the GPUs as the NVIDIA DRA driver publishes them (one pool named for the
 node, devices ``gpu-N`` carrying the GPU's UUID as the ``uuid`` attribute).
-``docs/scenario.md`` documents the format; :mod:`agent.sim.claims` builds the
+``docs/scenario.md`` documents the format; :mod:`capwatch.agent.sim.claims` builds the
 resource.k8s.io/v1 objects from these values and serves them to the agent.
 
 This module holds the values and their validation; the main parser
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
-from agent.dra.slices import DEFAULT_UUID_ATTRIBUTE
-from agent.pods import PodRef
-from agent.sim.cycles import ALWAYS, CycleRange
+from capwatch.agent.dra.slices import DEFAULT_UUID_ATTRIBUTE
+from capwatch.agent.pods import PodRef
+from capwatch.agent.sim.cycles import ALWAYS, CycleRange
 
 GPU_DRIVER = "gpu.nvidia.com"  # the NVIDIA DRA driver's name, as its slices give it
 DEFAULT_REQUEST = "gpu"

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NoReturn, Protocol
 
-from agent.health.telemetry import ThrottleReason
-from agent.sim.cycles import ALWAYS, CycleRange
-from agent.sim.devices import READS
+from capwatch.agent.health.telemetry import ThrottleReason
+from capwatch.agent.sim.cycles import ALWAYS, CycleRange
+from capwatch.agent.sim.devices import READS
 
 XID_MAX = 0xFFFF_FFFF  # NVML's XID fits 32 bits; real ones are small
 # Events per cycle: a flood is one count (agent.health.telemetry), but not an unbounded one.
@@ -65,7 +65,7 @@ class DeviceFaultSpec:
 
     ``code`` is the XID number (``xid`` only); ``count`` the events per cycle
     (``xid``, ``ecc``); ``reasons`` the throttle reasons (``throttle``);
-    ``reads`` the read names of :data:`agent.sim.devices.READS` (``unsupported``,
+    ``reads`` the read names of :data:`capwatch.agent.sim.devices.READS` (``unsupported``,
     ``failing``). Raises ValueError when constructed inconsistently (the
     parser reports such files as ScenarioError).
     """

@@ -1,22 +1,23 @@
 """The agent's interfaces over a simulated node: its GPU backend and its pod view.
 
-:class:`SimGpuBackend` implements :class:`~agent.gpus.GpuBackend` and
-:class:`SimPodView` implements :class:`~agent.pods.PodView`, both over one
-:class:`~agent.sim.world.SimWorld`, which holds the state and the faults.
+:class:`SimGpuBackend` implements :class:`~capwatch.agent.gpus.GpuBackend` and
+:class:`SimPodView` implements :class:`~capwatch.agent.pods.PodView`, both over one
+:class:`~capwatch.agent.sim.world.SimWorld`, which holds the state and the faults.
 """
 
 from __future__ import annotations
 
-from agent.gpus import GpuError, GpuErrorClass, PowerConstraints, WriteOutcome, WriteResult
-from agent.health.telemetry import NO_READINGS, DeviceEvent, Readings
-from agent.pods import PodSnapshot
-from agent.sim.scenario import FaultOp
-from agent.sim.world import MW_PER_WATT, SimWorld, check_present, fault_error
-from kit.errors import PodViewError
+from capwatch.agent.gpus import GpuError, GpuErrorClass, PowerConstraints, WriteOutcome, WriteResult
+from capwatch.agent.health.telemetry import NO_READINGS, DeviceEvent, Readings
+from capwatch.agent.pods import PodSnapshot
+from capwatch.agent.sim.scenario import FaultOp
+from capwatch.agent.sim.world import MW_PER_WATT, SimWorld, check_present, fault_error
+from capwatch.kit.errors import PodViewError
 
 
 class SimGpuBackend:
-    """A :class:`~agent.gpus.GpuBackend` over a :class:`SimWorld` (milliwatts throughout)."""
+    """A :class:`~capwatch.agent.gpus.GpuBackend` over a :class:`SimWorld` (milliwatts
+    throughout)."""
 
     def __init__(self, world: SimWorld) -> None:
         self._world = world
@@ -94,7 +95,8 @@ def _closed_result() -> WriteResult:
 
 
 class SimPodView:
-    """A :class:`~agent.pods.PodView` over a :class:`SimWorld`: the pods of the current cycle.
+    """A :class:`~capwatch.agent.pods.PodView` over a :class:`SimWorld`: the pods of the
+    current cycle.
 
     A ``pod_view`` error fault raises PodViewError; a hang fault delays the
     snapshot. ``resource_version`` changes whenever the answer may have.

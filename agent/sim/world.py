@@ -3,7 +3,7 @@
 :class:`SimWorld` holds the state of one simulated node (the scenario, the
 current cycle, each GPU's power limit, a log of every write, the active
 faults); :class:`SimGpuBackend` and :class:`SimPodView` implement the agent's
-:class:`~agent.gpus.GpuBackend` and :class:`~agent.pods.PodView` over it. The
+:class:`~capwatch.agent.gpus.GpuBackend` and :class:`~capwatch.agent.pods.PodView` over it. The
 world is also a cycle listener: the reconcile loop calls
 :meth:`SimWorld.begin_cycle` at the start of every cycle, which is what
 scenario ``cycles`` ranges are counted in (and when the scenario's device faults
@@ -36,15 +36,15 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
-from agent.gpus import GpuError, GpuErrorClass, WriteOutcome, WriteResult
-from agent.health.telemetry import Readings
-from agent.pods import PodSnapshot
-from agent.sim.devices import SimDevices
-from agent.sim.faults import DeviceFaultSchedule
-from agent.sim.limits import PersistentLimits
-from agent.sim.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text, materialise
-from agent.sim.scenario import FaultOp, FaultSpec, GpuSpec, PodSpec, ProcessSpec, Scenario
-from kit.errors import ConfigError, ScenarioError
+from capwatch.agent.gpus import GpuError, GpuErrorClass, WriteOutcome, WriteResult
+from capwatch.agent.health.telemetry import Readings
+from capwatch.agent.pods import PodSnapshot
+from capwatch.agent.sim.devices import SimDevices
+from capwatch.agent.sim.faults import DeviceFaultSchedule
+from capwatch.agent.sim.limits import PersistentLimits
+from capwatch.agent.sim.proctree import CgroupLayout, ProcSpec, QosClass, cgroup_text, materialise
+from capwatch.agent.sim.scenario import FaultOp, FaultSpec, GpuSpec, PodSpec, ProcessSpec, Scenario
+from capwatch.kit.errors import ConfigError, ScenarioError
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class SimWorld:
 
     def read_cgroup(self, pid: int) -> str | None:
         """``/proc/<pid>/cgroup`` of a scenario process, computed rather than read: the
-        world is then its own :class:`~agent.attribution.ProcRoot` (a pool's thousands
+        world is then its own :class:`~capwatch.agent.attribution.ProcRoot` (a pool's thousands
         of nodes need no files)."""
         with self._lock:
             spec = next(

@@ -34,17 +34,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.sim.poolspec import PoolFault, PoolFaultKind, node_names
+from capwatch.agent.sim.poolspec import PoolFault, PoolFaultKind, node_names
+from capwatch.client.cluster_health import ClusterHealthClient
+from capwatch.client.stream_events import ClusterEvent, ClusterSnapshot, Disconnected, NodeUpdate
 from capwatch.demo.children import Child, logged
 from capwatch.demo.settings import DemoError, DemoSettings
+from capwatch.kit.scratch import ScratchDirectory
 from capwatch.logs import configure_logging
+from capwatch.server.listeners import address_in_use
 from capwatch.watch.cluster_table import NodeBoard, natural_key
 from capwatch.watch.layout import FAILED, GOOD, QUIET
 from capwatch.watch.screen import Screen, log_stream, screen_for
-from client.cluster_health import ClusterHealthClient
-from client.stream_events import ClusterEvent, ClusterSnapshot, Disconnected, NodeUpdate
-from kit.scratch import ScratchDirectory
-from server.listeners import address_in_use
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def cluster_faults(interval_s: float) -> tuple[str, ...]:
 def pool_fraction(slot: int) -> str:
     """The shortest fraction (as the flag spells it) with which the pool's fault in place
     ``slot`` hits exactly :data:`SCHEDULE`'s nodes for it, found by the pool's own rule
-    (:meth:`~agent.sim.poolspec.PoolFault.hits`). Raises ValueError when none does."""
+    (:meth:`~capwatch.agent.sim.poolspec.PoolFault.hits`). Raises ValueError when none does."""
     kind, nodes, _, _ = SCHEDULE[slot]
     names = node_names(NODES, prefix=NODE_PREFIX)
 

@@ -24,10 +24,10 @@ import socket
 import sys
 from pathlib import Path
 
-from agent.assembly import load_settings_scenario
-from agent.lifecycle import ShutdownSummary
-from agent.reports import CycleReport
-from agent.settings import (
+from capwatch.agent.assembly import load_settings_scenario
+from capwatch.agent.lifecycle import ShutdownSummary
+from capwatch.agent.reports import CycleReport
+from capwatch.agent.settings import (
     AgentSettings,
     BackendKind,
     agent_settings,
@@ -37,15 +37,15 @@ from capwatch.demo.settings import (
     DemoError,
     DemoSettings,
 )
+from capwatch.kit.scratch import ScratchDirectory
 from capwatch.launch import run_agent
 from capwatch.logs import configure_logging
+from capwatch.server.grpc import mapping
+from capwatch.server.grpc.serving import AgentServer
+from capwatch.server.settings import server_settings
 from capwatch.watch.layout import FAILED, GOOD, Line, wrapped
 from capwatch.watch.screen import Screen, log_stream, screen_for
 from capwatch.watch.tables import Frame, GpuBoard
-from kit.scratch import ScratchDirectory
-from server.grpc import mapping
-from server.grpc.serving import AgentServer
-from server.settings import server_settings
 
 READYZ_POLL_S = 0.25
 SHIM_START_TIMEOUT_S = 15.0

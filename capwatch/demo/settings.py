@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.settings import MAX_INTERVAL_S
-from kit.addresses import host_port
-from kit.errors import CapwatchError, ConfigError
-from kit.flags import (
+from capwatch.agent.settings import MAX_INTERVAL_S
+from capwatch.kit.addresses import host_port
+from capwatch.kit.errors import CapwatchError, ConfigError
+from capwatch.kit.flags import (
     LOG_FORMAT_OPTION,
     LogFormat,
     Option,

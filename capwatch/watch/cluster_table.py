@@ -34,8 +34,8 @@ from dataclasses import dataclass, replace
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
 from capwatch.watch.layout import FAILED, GOOD, HEADER, QUIET, Column, Line, Style, fit, flow, table
 from capwatch.watch.tables import Frame
 

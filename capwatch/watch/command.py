@@ -27,7 +27,11 @@ from typing import Any, TextIO
 
 import grpc
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.client.retrying import RetryingClient
+from capwatch.client.stream_events import Cycle, Disconnected, Snapshot
+from capwatch.kit.clock import SystemClock
+from capwatch.kit.errors import ConfigError
 from capwatch.watch.printer import Printer
 from capwatch.watch.settings import (
     WatchSettings,
@@ -36,10 +40,6 @@ from capwatch.watch.settings import (
     cluster_client_for,
     watch_settings,
 )
-from client.retrying import RetryingClient
-from client.stream_events import Cycle, Disconnected, Snapshot
-from kit.clock import SystemClock
-from kit.errors import ConfigError
 
 __all__ = [
     "WatchSettings",

@@ -24,13 +24,9 @@ from typing import Any, Protocol, TextIO
 import grpc
 from google.protobuf.json_format import MessageToJson
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from capwatch.watch.cluster_table import NodeBoard, age_text
-from capwatch.watch.layout import FAILED, QUIET, Line, cut, flow, greyed
-from capwatch.watch.screen import Screen, screen_for
-from capwatch.watch.tables import DeviceBoard, Frame, GpuBoard
-from client.stream_events import (
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.client.stream_events import (
     ClusterHeartbeat,
     ClusterSnapshot,
     Cycle,
@@ -40,6 +36,10 @@ from client.stream_events import (
     NodeUpdate,
     Snapshot,
 )
+from capwatch.watch.cluster_table import NodeBoard, age_text
+from capwatch.watch.layout import FAILED, QUIET, Line, cut, flow, greyed
+from capwatch.watch.screen import Screen, screen_for
+from capwatch.watch.tables import DeviceBoard, Frame, GpuBoard
 
 Message = (
     Snapshot | Cycle | Heartbeat | DeviceList | ClusterSnapshot | NodeUpdate | ClusterHeartbeat

@@ -19,9 +19,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from capwatch.kit.flags import is_digits
 from capwatch.watch.layout import QUIET, Line, plain
 from capwatch.watch.tables import Frame
-from kit.flags import is_digits
 
 
 class Screen(Protocol):

@@ -2,7 +2,7 @@
 
 Every flag is validated here, before anything connects, and a mistake is one
 line naming the flag (exit 2). The connection options (target, TLS) are
-the client library's (:mod:`client.connection`), shared with ``capwatch shim``.
+the client library's (:mod:`capwatch.client.connection`), shared with ``capwatch shim``.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from api.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
-from client.cluster_health import ClusterHealthClient
-from client.connection import CONNECTION_OPTIONS, DEFAULT_TARGET, Connection, connection
-from client.node_health import DraVersion, NodeHealthClient
-from kit.errors import ConfigError
-from kit.flags import (
+from capwatch.api.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
+from capwatch.client.cluster_health import ClusterHealthClient
+from capwatch.client.connection import CONNECTION_OPTIONS, DEFAULT_TARGET, Connection, connection
+from capwatch.client.node_health import DraVersion, NodeHealthClient
+from capwatch.kit.errors import ConfigError
+from capwatch.kit.flags import (
     LOG_FORMAT_OPTION,
     LogFormat,
     Option,
@@ -27,7 +27,7 @@ from kit.flags import (
     log_level_option,
     read_options,
 )
-from kit.names import node_name
+from capwatch.kit.names import node_name
 
 _UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-]{0,127}")
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.v1 import dra_health_pb2 as v1_pb
-from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from capwatch.watch.layout import (
     FAILED,
     GOOD,
@@ -252,7 +252,7 @@ class GpuBoard:
     """The per-GPU picture of one agent, from a snapshot and the messages after it.
 
     Each message's ``received_at`` is the client's monotonic clock when it arrived
-    (:mod:`client.stream_events`): :meth:`block_at` ages the picture from it."""
+    (:mod:`capwatch.client.stream_events`): :meth:`block_at` ages the picture from it."""
 
     def __init__(self) -> None:
         self._devices: dict[int, pb.DeviceStatus] = {}

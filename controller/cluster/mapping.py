@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from controller.conditions import AgentLink, ConditionStatus, GpuSummary
-from controller.tracking import NodeState
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.controller.conditions import AgentLink, ConditionStatus, GpuSummary
+from capwatch.controller.tracking import NodeState
 
 CONDITION_STATUS = {
     ConditionStatus.TRUE: cpb.CONDITION_STATUS_TRUE,

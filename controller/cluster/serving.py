@@ -16,9 +16,9 @@ HTTP one.
 What a client may ask is bounded as on the agent's server, by the same code:
 every method is behind the interceptor that answers a request whose bytes do
 not parse with INVALID_ARGUMENT and one throttled log line
-(:mod:`server.malformed`); a requested heartbeat is read as range-checked
-seconds, never through ``ToTimedelta()`` (:func:`api.limits.requested_heartbeat`);
-and stream slots are claimed by the agent's rules (:mod:`server.admission`):
+(:mod:`capwatch.server.malformed`); a requested heartbeat is read as range-checked
+seconds, never through ``ToTimedelta()`` (:func:`capwatch.api.limits.requested_heartbeat`);
+and stream slots are claimed by the agent's rules (:mod:`capwatch.server.admission`):
 :data:`MAX_SUBSCRIBERS` Watch streams in all, at most
 :data:`MAX_STREAMS_PER_PEER` of them from one client address, so no single
 client can take every slot and lock the dashboards out. A refusal is
@@ -38,15 +38,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from api.durations import DurationError
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.limits import requested_heartbeat
-from controller.cluster.state import PAGE_SIZE, ClusterView
-from kit.broadcast import Signal
-from kit.throttling import ThrottledLog
-from server.admission import Admission, Refusal, StreamLimits, peer_address
-from server.listeners import OPTIONS, ServeError, address_in_use
-from server.malformed import MalformedRequests
+from capwatch.api.durations import DurationError
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.limits import requested_heartbeat
+from capwatch.controller.cluster.state import PAGE_SIZE, ClusterView
+from capwatch.kit.broadcast import Signal
+from capwatch.kit.throttling import ThrottledLog
+from capwatch.server.admission import Admission, Refusal, StreamLimits, peer_address
+from capwatch.server.listeners import OPTIONS, ServeError, address_in_use
+from capwatch.server.malformed import MalformedRequests
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The cluster stream's state: every node of the shard, and a sequenced feed of changes.
 
-A :class:`~controller.tracking.NodeListener`: each node change whose
-:func:`~controller.cluster.mapping.change_key` differs from the last one published
+A :class:`~capwatch.controller.tracking.NodeListener`: each node change whose
+:func:`~capwatch.controller.cluster.mapping.change_key` differs from the last one published
 becomes one ``NodeUpdate``, numbered, encoded once (``WatchResponse`` bytes)
-and published into a :class:`~kit.broadcast.Broadcast` that every Watch
+and published into a :class:`~capwatch.kit.broadcast.Broadcast` that every Watch
 stream follows at its own pace. A cycle that changes nothing a subscriber is
 shown (its sequence number, its age) publishes nothing: at 5,000 nodes and a
 15 s interval that is the difference between 333 updates a second and the
@@ -16,11 +16,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from controller.cluster import mapping
-from controller.tracking import NodeState
-from kit.broadcast import Broadcast
-from kit.clock import Clock
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.controller.cluster import mapping
+from capwatch.controller.tracking import NodeState
+from capwatch.kit.broadcast import Broadcast
+from capwatch.kit.clock import Clock
 
 DEFAULT_CAPACITY = 4096  # updates kept for resuming subscribers
 # Nodes per snapshot message: 1,000 nodes of 8 GPUs is about 0.9 MB, well under

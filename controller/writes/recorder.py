@@ -23,12 +23,17 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from controller.conditions import Condition, ConditionReason, ConditionStatus, NodeCondition
-from controller.errors import ApiError, DeadlinePassed, FencedOut
-from controller.leasing import Fence
-from controller.writes import REQUEST_TIMEOUT_S
-from kit.clock import Clock
-from kit.observing import UNOBSERVED
+from capwatch.controller.conditions import (
+    Condition,
+    ConditionReason,
+    ConditionStatus,
+    NodeCondition,
+)
+from capwatch.controller.errors import ApiError, DeadlinePassed, FencedOut
+from capwatch.controller.leasing import Fence
+from capwatch.kit.clock import Clock
+from capwatch.kit.observing import UNOBSERVED
+from capwatch.kube.wire import WRITE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +118,7 @@ class EventRecorder:
         before = sent.get(said)
         sent[said] = now
         try:
-            await self._api.create_event(event, deadline=min(closes, now + REQUEST_TIMEOUT_S))
+            await self._api.create_event(event, deadline=min(closes, now + WRITE_TIMEOUT_S))
         except DeadlinePassed:
             self._unsay(node, said, before)
             self._observer.event(result="expired")

@@ -1,10 +1,10 @@
 """Keeping one DeviceTaintRule per faulted GPU of this shard's nodes, fenced and bounded.
 
 What the rules should be comes from each node's latest cycle
-(:func:`controller.taints.device_taints`); what they are comes from the API: listed
+(:func:`capwatch.controller.taints.device_taints`); what they are comes from the API: listed
 (this release's, by label) each time this replica starts to lead, then kept from its
 own writes. Each rule is a key of a work queue (client-go's shape,
-:mod:`controller.writes.workqueue`): a rule queued twice is written once, with the
+:mod:`capwatch.controller.writes.workqueue`): a rule queued twice is written once, with the
 latest wish; one that fails is retried after its own backoff, for ever; and every
 write first takes a token of one rate limit (:data:`DEFAULT_QPS` a second, bursts of
 :data:`DEFAULT_BURST`), so a thousand GPUs faulting at once are a thousand creates
@@ -37,10 +37,10 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from controller.conditions import AgentLink
-from controller.errors import ApiError, DeadlinePassed, FencedOut, FieldConflict, NotFound
-from controller.leasing import Fence
-from controller.taints import (
+from capwatch.controller.conditions import AgentLink
+from capwatch.controller.errors import ApiError, DeadlinePassed, FencedOut, FieldConflict, NotFound
+from capwatch.controller.leasing import Fence
+from capwatch.controller.taints import (
     DeviceTaint,
     PlacedRule,
     TaintPolicy,
@@ -49,14 +49,14 @@ from controller.taints import (
     placed_rule,
     rule_object,
 )
-from controller.tracking import NodeState
-from controller.writes import REQUEST_TIMEOUT_S
-from controller.writes.recorder import EventRecorder, EventType
-from controller.writes.workqueue import ItemBackoff, WorkQueue
-from kit.backoff import Backoff
-from kit.clock import Clock
-from kit.observing import UNOBSERVED
-from kit.pacing import TokenBucket
+from capwatch.controller.tracking import NodeState
+from capwatch.controller.writes.recorder import EventRecorder, EventType
+from capwatch.controller.writes.workqueue import ItemBackoff, WorkQueue
+from capwatch.kit.backoff import Backoff
+from capwatch.kit.clock import Clock
+from capwatch.kit.observing import UNOBSERVED
+from capwatch.kit.pacing import TokenBucket
+from capwatch.kube.wire import WRITE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class TaintObserver(Protocol):
 
 
 class TaintWriter:
-    """A :class:`~controller.tracking.NodeListener` that keeps this shard's rules."""
+    """A :class:`~capwatch.controller.tracking.NodeListener` that keeps this shard's rules."""
 
     def __init__(
         self,
@@ -292,7 +292,7 @@ class TaintWriter:
             self._held.add(name)
             self._observer.taint_written(action=action, result="fenced")
             return None
-        return min(closes, now + REQUEST_TIMEOUT_S)
+        return min(closes, now + WRITE_TIMEOUT_S)
 
     async def _write(self, name: str) -> None:
         if not self._listed:

@@ -40,7 +40,7 @@ import random
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from kit.backoff import Backoff
+from capwatch.kit.backoff import Backoff
 
 K = TypeVar("K", bound=Hashable)
 

@@ -12,7 +12,7 @@ What is written where:
   ``lastTransitionTime`` moves only with the status. At 5,000 nodes and a 5
   minute heartbeat that is about 17 writes a second plus transitions;
 - an Event on the Node for each change of status or reason (Warning for False
-  and Unknown, Normal back to True), recorded by :mod:`controller.writes.recorder`.
+  and Unknown, Normal back to True), recorded by :mod:`capwatch.controller.writes.recorder`.
 
 Field ownership. An apply whose fields another manager owns is refused (409)
 and not forced blindly: the writer asks who owns the condition. Owners that
@@ -31,14 +31,14 @@ the loop), and such an older version is ignored rather than taken for the
 truth, which would rewrite the newer condition and move its transition time
 (resourceVersions compare as integers, KEP-5504; one that does not parse is
 taken as it comes). Writes go through a work queue keyed by node
-(:mod:`controller.writes.workqueue`, client-go's shape: a node queued twice is
+(:mod:`capwatch.controller.writes.workqueue`, client-go's shape: a node queued twice is
 written once, with its latest state; one changed while its write is in
 flight is written again after it, never beside it) served by a few workers;
 news goes first: a node's first report that all is well (no condition of
 ours on the Node yet, and True to write) waits behind every other change,
 and heartbeats behind both. On a first install, or after the API server was
 away, that is thousands of first reports at whatever rate the server takes
-them (5,000 at about 15 a second on the real server, bench/kwok.py: over 5
+them (5,000 at about 15 a second on the real server, bench/scenarios/kwok.py: over 5
 minutes), and a node failing meanwhile must not be written behind them, nor
 behind a round of heartbeats.
 
@@ -60,9 +60,9 @@ heartbeat waits for the retry, which writes the latest state.
 
 Fencing: no write starts unless the :class:`Fence` says this replica leads
 and renewed its lease within the renew deadline, and its request carries the
-instant that deadline runs out (at most :data:`REQUEST_TIMEOUT_S` from now):
+instant that deadline runs out (at most :data:`WRITE_TIMEOUT_S` from now):
 the API client does not send it after that instant, however late its thread
-gets to it, and waits for it no longer (:mod:`controller.kube`). While it may
+gets to it, and waits for it no longer (:mod:`capwatch.controller.kube`). While it may
 not write, nothing is kept for it: when it leads again (:meth:`resume`) every
 node whose condition differs or whose heartbeat is due is queued. A write not
 sent because its deadline had passed is as if the fence had been closed: not
@@ -77,23 +77,23 @@ import random
 from dataclasses import replace
 from typing import Protocol
 
-from controller.conditions import (
+from capwatch.controller.conditions import (
     CONDITION_TYPE,
     AgentLink,
     Condition,
     ConditionStatus,
     NodeCondition,
 )
-from controller.errors import ApiError, DeadlinePassed, FencedOut, FieldConflict, NotFound
-from controller.leasing import Fence
-from controller.objects import FieldOwner
-from controller.tracking import NodeState
-from controller.writes import REQUEST_TIMEOUT_S
-from controller.writes.recorder import EventRecorder, EventType
-from controller.writes.workqueue import ItemBackoff, WorkQueue
-from kit.backoff import Backoff
-from kit.clock import Clock
-from kit.observing import UNOBSERVED
+from capwatch.controller.errors import ApiError, DeadlinePassed, FencedOut, FieldConflict, NotFound
+from capwatch.controller.leasing import Fence
+from capwatch.controller.objects import FieldOwner
+from capwatch.controller.tracking import NodeState
+from capwatch.controller.writes.recorder import EventRecorder, EventType
+from capwatch.controller.writes.workqueue import ItemBackoff, WorkQueue
+from capwatch.kit.backoff import Backoff
+from capwatch.kit.clock import Clock
+from capwatch.kit.observing import UNOBSERVED
+from capwatch.kube.wire import WRITE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ class ConditionWriter:
         if closes <= now:
             self._observer.written(result="fenced", latency_s=None)
             return  # resume() queues it again
-        deadline = min(closes, now + REQUEST_TIMEOUT_S)
+        deadline = min(closes, now + WRITE_TIMEOUT_S)
         previous = self._written.get(node)
         condition = state.condition
         payload = NodeCondition(

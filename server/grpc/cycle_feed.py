@@ -1,4 +1,4 @@
-"""The hub's cycles as Watch sends them, on a :class:`~kit.broadcast.Broadcast`.
+"""The hub's cycles as Watch sends them, on a :class:`~capwatch.kit.broadcast.Broadcast`.
 
 A feeder on the event loop takes each report the hub records and publishes
 it into the broadcast as a :class:`SharedCycle`, with the device table right
@@ -27,18 +27,18 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent.devices import DeviceState
-from agent.reports import CycleReport
-from kit.broadcast import Broadcast
-from kit.readiness import Readiness, ReadinessReason
-from server.grpc.encoding import (
+from capwatch.agent.devices import DeviceState
+from capwatch.agent.reports import CycleReport
+from capwatch.kit.broadcast import Broadcast
+from capwatch.kit.readiness import Readiness, ReadinessReason
+from capwatch.server.grpc.encoding import (
     EncodedCycle,
     encode_cycle,
     encode_last_cycle_age,
     encode_readiness,
 )
-from server.grpc.mapping import DeviceNamer, Include
-from server.grpc.publication import Publication
+from capwatch.server.grpc.mapping import DeviceNamer, Include
+from capwatch.server.grpc.publication import Publication
 
 # How long one encoding of the readiness is shared. Ages are reported as of the
 # window's end: at most this much too old, never too young.

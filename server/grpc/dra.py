@@ -20,16 +20,16 @@ from typing import Any
 
 import grpc
 
-from agent.devices import DeviceHealth, DeviceState, device_health
-from agent.reports import Outcome
-from api.gen.v1 import dra_health_pb2 as v1_pb
-from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
-from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
-from api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
-from kit.readiness import ReadinessReason
-from server.grpc.mapping import NOT_REPORTED, dra_device_name, dra_pool_name
-from server.grpc.nodes import NodeDirectory, metadata_node
-from server.grpc.publication import Publication, View
+from capwatch.agent.devices import DeviceHealth, DeviceState, device_health
+from capwatch.agent.reports import Outcome
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.v1 import dra_health_pb2_grpc as v1_grpc
+from capwatch.api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from capwatch.api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
+from capwatch.kit.readiness import ReadinessReason
+from capwatch.server.grpc.mapping import NOT_REPORTED, dra_device_name, dra_pool_name
+from capwatch.server.grpc.nodes import NodeDirectory, metadata_node
+from capwatch.server.grpc.publication import Publication, View
 
 MAX_MESSAGE = 1024  # the kubelet truncates longer messages
 

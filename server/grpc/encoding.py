@@ -5,11 +5,11 @@ readiness differs between sends (its ages are measured at send time). So the
 shared part is encoded once, each GPU's unchanging part once for as long as it
 stays the same, and a send only serializes its readiness and joins bytes:
 mapping, copying and serializing a whole message per send cost the stream
-more than grpc's own work did. (:mod:`server.grpc.cycle_feed` goes further: the
+more than grpc's own work did. (:mod:`capwatch.server.grpc.cycle_feed` goes further: the
 streams sending a cycle within a few milliseconds share one readiness, so one
 message.)
 
-The result is byte-for-byte what serializing :func:`server.grpc.mapping.cycle`'s
+The result is byte-for-byte what serializing :func:`capwatch.server.grpc.mapping.cycle`'s
 message gives (the tests hold the two together): fields in number order, as
 protobuf's serializers write them. Only the framing (tags and lengths of
 length-delimited fields) is written by hand; every field's content comes from
@@ -22,11 +22,11 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent.devices import DeviceHealth, DeviceState
-from agent.reports import CycleReport, GpuResult
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from kit.readiness import Readiness
-from server.grpc.mapping import (
+from capwatch.agent.devices import DeviceHealth, DeviceState
+from capwatch.agent.reports import CycleReport, GpuResult
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.kit.readiness import Readiness
+from capwatch.server.grpc.mapping import (
     ABORT_REASON,
     READINESS_REASON,
     DeviceNamer,

@@ -14,7 +14,7 @@ from typing import Any
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
-from server.grpc.publication import Publication
+from capwatch.server.grpc.publication import Publication
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable, Mapping
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from agent.devices import DeviceHealth, DeviceState, device_health, nothing_known
-from agent.health.faults import Fault, FaultKind
-from agent.health.telemetry import Readings
-from agent.reports import (
+from capwatch.agent.devices import DeviceHealth, DeviceState, device_health, nothing_known
+from capwatch.agent.health.faults import Fault, FaultKind
+from capwatch.agent.health.telemetry import Readings
+from capwatch.agent.reports import (
     AbortReason,
     CapSource,
     ClampDirection,
@@ -25,8 +25,8 @@ from agent.reports import (
     Outcome,
     SafeDefaultCause,
 )
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from kit.readiness import Readiness, ReadinessReason
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.kit.readiness import Readiness, ReadinessReason
 
 DeviceNamer = Callable[[int, str | None], str]
 # Which devices a subscriber asked for, by index and UUID; None: all of them.

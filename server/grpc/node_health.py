@@ -1,7 +1,7 @@
 """capwatch.v1.NodeHealthService: ``Watch`` and ``GetSnapshot``.
 
 A Watch stream follows the node's cycles on a shared broadcast
-(:mod:`server.grpc.cycle_feed`, :mod:`kit.broadcast`) at its own pace: the loop
+(:mod:`capwatch.server.grpc.cycle_feed`, :mod:`capwatch.kit.broadcast`) at its own pace: the loop
 never waits for it, and every stream without a device filter sends a cycle's
 one encoded message. A subscriber that stops reading blocks only its own
 coroutine (HTTP/2 flow control), holds at most the message in flight, and on
@@ -18,15 +18,15 @@ from typing import Any
 
 import grpc
 
-from api.durations import DurationError
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.limits import MAX_FILTER_UUIDS, MAX_UUID_LENGTH, requested_heartbeat
-from kit.broadcast import Signal
-from server.grpc.cycle_feed import SharedCycle
-from server.grpc.mapping import Include
-from server.grpc.mapping import heartbeat as heartbeat_message
-from server.grpc.nodes import NodeDirectory, Served
-from server.grpc.publication import Publication, View
+from capwatch.api.durations import DurationError
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.limits import MAX_FILTER_UUIDS, MAX_UUID_LENGTH, requested_heartbeat
+from capwatch.kit.broadcast import Signal
+from capwatch.server.grpc.cycle_feed import SharedCycle
+from capwatch.server.grpc.mapping import Include
+from capwatch.server.grpc.mapping import heartbeat as heartbeat_message
+from capwatch.server.grpc.nodes import NodeDirectory, Served
+from capwatch.server.grpc.publication import Publication, View
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ SERVICE = "capwatch.v1.NodeHealthService"
 
 
 class NodeHealthServicer:
-    """``Watch`` sends serialized bytes (see :mod:`server.grpc.encoding`), so the
+    """``Watch`` sends serialized bytes (see :mod:`capwatch.server.grpc.encoding`), so the
     servicer is registered by :func:`add_to_server` with a pass-through
     serializer for it, not by the generated helper."""
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from server.grpc.cycle_feed import CycleFeed
-from server.grpc.publication import Publication
+from capwatch.server.grpc.cycle_feed import CycleFeed
+from capwatch.server.grpc.publication import Publication
 
 NODE_METADATA_KEY = "capwatch-node"
 

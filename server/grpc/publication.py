@@ -2,7 +2,7 @@
 
 The servicers (capwatch.v1, the DRA mirrors, grpc health) read the hub through
 a :class:`Publication`, which also admits subscribers so the limits hold across
-all streaming services together (the rules: :mod:`server.admission`).
+all streaming services together (the rules: :mod:`capwatch.server.admission`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Any
 
 import grpc
 
-from agent.hub import Hub, HubState
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from kit.clock import Clock
-from kit.readiness import Readiness
-from kit.throttling import ThrottledLog
-from server.admission import Admission, Refusal, Slot, StreamLimits, peer_address
-from server.grpc.mapping import DeviceNamer, Include
-from server.grpc.mapping import snapshot as snapshot_message
+from capwatch.agent.hub import Hub, HubState
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.kit.clock import Clock
+from capwatch.kit.readiness import Readiness
+from capwatch.kit.throttling import ThrottledLog
+from capwatch.server.admission import Admission, Refusal, Slot, StreamLimits, peer_address
+from capwatch.server.grpc.mapping import DeviceNamer, Include
+from capwatch.server.grpc.mapping import snapshot as snapshot_message
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class View:
 class Publication:
     """The hub as the servicers see it. Without ``reserved_local`` and ``max_per_peer``
     there is no local reserve and no limit per address (the command line's defaults set
-    both; see :mod:`server.settings`)."""
+    both; see :mod:`capwatch.server.settings`)."""
 
     def __init__(
         self,

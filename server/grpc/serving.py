@@ -19,23 +19,23 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from api.gen.capwatch.v1 import node_health_pb2
-from api.gen.v1 import dra_health_pb2 as v1_pb
-from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
-from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
-from api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
-from kit.flags import is_digits
-from kit.supervision import ended
-from server.certificates import CertificateError, ReloadingCertificates, Reloads
-from server.grpc import node_health
-from server.grpc.dra import DraV1alpha1Servicer, DraV1Servicer
-from server.grpc.health import SERVICES, ListingHealthServicer, track_readiness
-from server.grpc.node_health import NodeHealthServicer
-from server.grpc.nodes import NodeDirectory, OneNode
-from server.grpc.publication import Publication
-from server.listeners import OPTIONS, ServeError, address_in_use, bind_unix
-from server.malformed import MalformedRequests
-from server.settings import Listener, ServerSettings
+from capwatch.api.gen.capwatch.v1 import node_health_pb2
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.v1 import dra_health_pb2_grpc as v1_grpc
+from capwatch.api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from capwatch.api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
+from capwatch.kit.flags import is_digits
+from capwatch.kit.supervision import ended
+from capwatch.server.certificates import CertificateError, ReloadingCertificates, Reloads
+from capwatch.server.grpc import node_health
+from capwatch.server.grpc.dra import DraV1alpha1Servicer, DraV1Servicer
+from capwatch.server.grpc.health import SERVICES, ListingHealthServicer, track_readiness
+from capwatch.server.grpc.node_health import NodeHealthServicer
+from capwatch.server.grpc.nodes import NodeDirectory, OneNode
+from capwatch.server.grpc.publication import Publication
+from capwatch.server.listeners import OPTIONS, ServeError, address_in_use, bind_unix
+from capwatch.server.malformed import MalformedRequests
+from capwatch.server.settings import Listener, ServerSettings
 
 log = logging.getLogger(__name__)
 

@@ -31,27 +31,27 @@ from typing import Any, Protocol
 
 import grpc
 
-from agent.dra.simdriver import (
+from capwatch.agent.dra.simdriver import (
     DRIVER,
     PreparedDevice,
     SimDevice,
     prepared_devices,
     resource_slice,
 )
-from agent.kube.claims import claim_path
-from api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2 as dra_pb
-from api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2_grpc as dra_grpc
-from api.gen.pluginregistration import registration_pb2 as reg_pb
-from api.gen.pluginregistration import registration_pb2_grpc as reg_grpc
-from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
-from api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
-from kit.backoff import Backoff
-from kit.errors import CapwatchError
-from kit.names import is_dns_label, is_dns_subdomain
-from kit.supervision import ended
-from server.grpc.dra import DraV1alpha1Servicer, DraV1Servicer
-from server.grpc.nodes import NodeDirectory
-from server.listeners import OPTIONS, bind_unix
+from capwatch.agent.kube.claims import claim_path
+from capwatch.api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2 as dra_pb
+from capwatch.api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2_grpc as dra_grpc
+from capwatch.api.gen.pluginregistration import registration_pb2 as reg_pb
+from capwatch.api.gen.pluginregistration import registration_pb2_grpc as reg_grpc
+from capwatch.api.gen.v1 import dra_health_pb2_grpc as v1_grpc
+from capwatch.api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
+from capwatch.kit.backoff import Backoff
+from capwatch.kit.errors import CapwatchError
+from capwatch.kit.names import is_dns_label, is_dns_subdomain
+from capwatch.kit.supervision import ended
+from capwatch.server.grpc.dra import DraV1alpha1Servicer, DraV1Servicer
+from capwatch.server.grpc.nodes import NodeDirectory
+from capwatch.server.listeners import OPTIONS, bind_unix
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """A Prometheus registry served at /metrics over HTTP, on the event loop.
 
-The agent's (:mod:`server.metrics.endpoint`) and the controller's metrics are
-served by it. The endpoint is :mod:`server.http.tiny`'s one-path server, the one the
-readiness shim serves its probe with: ``GET`` and ``HEAD /metrics`` (any query
+The agent's (:mod:`capwatch.server.metrics.endpoint`) and the controller's metrics are
+served by it. The endpoint is :mod:`capwatch.server.http.serving`'s one-path server,
+the one the readiness shim serves its probe with: ``GET`` and ``HEAD /metrics`` (any query
 ignored) get the registry in the format the ``Accept`` header asks for (text
 or OpenMetrics), any other path 404, any other method 405. prometheus_client's
 own server gave every connection a thread for as long as the client kept it
@@ -31,8 +31,14 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from server.http.tiny import HEAD_TIMEOUT_S, MAX_CONNECTIONS, PathServer, Request, Response
-from server.listeners import ServeError
+from capwatch.server.http.serving import (
+    HEAD_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    PathServer,
+    Request,
+    Response,
+)
+from capwatch.server.listeners import ServeError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The HTTP side (404 for other paths, 405 for other methods, no access log,
 deadlines, a connection limit that evicts squatters so a probe is always
-answered) is :mod:`server.http.tiny`'s, shared with the metrics endpoint.
+answered) is :mod:`capwatch.server.http.serving`'s, shared with the metrics endpoint.
 """
 
 from __future__ import annotations
@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from server.http.tiny import HEAD_TIMEOUT_S, MAX_CONNECTIONS, PathServer, Request, Response
+from capwatch.server.http.serving import (
+    HEAD_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    PathServer,
+    Request,
+    Response,
+)
 
 PATH = "/readyz"
 

@@ -55,11 +55,11 @@ from prometheus_client.core import (
     Metric,
 )
 
-from agent.gpus import GpuErrorClass
-from agent.ownership import UNSAVED_CYCLES_LIMIT
-from agent.podevents import EventCounts
-from agent.pods import PodRef
-from agent.reports import (
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.ownership import UNSAVED_CYCLES_LIMIT
+from capwatch.agent.podevents import EventCounts
+from capwatch.agent.pods import PodRef
+from capwatch.agent.reports import (
     CapSource,
     ClampDirection,
     CycleFailureKind,
@@ -69,11 +69,11 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
-from kit.version import package_version
-from server.certificates import Reloads
-from server.grpc.publication import Publication
-from server.http.exposition import ScrapeCollector
-from server.metrics.device_metrics import DeviceMetrics
+from capwatch.kit.version import package_version
+from capwatch.server.certificates import Reloads
+from capwatch.server.grpc.publication import Publication
+from capwatch.server.http.exposition import ScrapeCollector
+from capwatch.server.metrics.device_metrics import DeviceMetrics
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Device-health metrics: the GPUs' own faults and telemetry (:mod:`agent.health`).
+"""Device-health metrics: the GPUs' own faults and telemetry (:mod:`capwatch.agent.health`).
 
 XID events are counted as reports are folded (the counter must not miss the
 events of a cycle nobody scraped); everything else describes *now* and is read
@@ -26,11 +26,11 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.devices import DeviceHealth, device_health
-from agent.health.faults import FaultKind
-from agent.health.telemetry import DeviceEventKind, ThrottleReason
-from agent.reports import CycleReport
-from server.grpc.publication import Publication
+from capwatch.agent.devices import DeviceHealth, device_health
+from capwatch.agent.health.faults import FaultKind
+from capwatch.agent.health.telemetry import DeviceEventKind, ThrottleReason
+from capwatch.agent.reports import CycleReport
+from capwatch.server.grpc.publication import Publication
 
 XID_CODES_PER_GPU = 32
 _OTHER = "other"

@@ -2,7 +2,7 @@
 
 Started after the gRPC server binds and stopped last, so Prometheus can still
 scrape while caps are restored. A port that cannot be bound fails the start.
-Served by :class:`server.http.exposition.RegistryServer`.
+Served by :class:`capwatch.server.http.exposition.RegistryServer`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from kit.supervision import ended
-from server.http.exposition import RegistryServer
-from server.http.tiny import HEAD_TIMEOUT_S, MAX_CONNECTIONS, PathServer
-from server.metrics.cycle_metrics import Metrics
+from capwatch.kit.supervision import ended
+from capwatch.server.http.exposition import RegistryServer
+from capwatch.server.http.serving import HEAD_TIMEOUT_S, MAX_CONNECTIONS, PathServer
+from capwatch.server.metrics.cycle_metrics import Metrics
 
 log = logging.getLogger(__name__)
 

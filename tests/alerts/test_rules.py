@@ -11,9 +11,9 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.conditions import AgentLink, NodeObservation, condition_of
-from controller.metrics import ControllerMetrics
-from controller.tracking import NodeState
+from capwatch.controller.conditions import AgentLink, NodeObservation, condition_of
+from capwatch.controller.metrics import ControllerMetrics
+from capwatch.controller.tracking import NodeState
 from tests.alerts.rules import (
     CHART_README,
     RULE_TESTS,

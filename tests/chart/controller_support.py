@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from capwatch.cli import _parser  # the real `capwatch` parser: what the image will accept
-from controller.settings import ControllerSettings, controller_settings
+from capwatch.controller.settings import ControllerSettings, controller_settings
 from tests.chart.support import NAMESPACE, RELEASE, Manifests
 from tests.pem import write_certificate, write_key
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.cluster.serving import ClusterServer
-from controller.leasing import LeaseConfig
-from controller.writes import REQUEST_TIMEOUT_S
-from server.http.readyz import PATH as READYZ_PATH
+from capwatch.controller.cluster.serving import ClusterServer
+from capwatch.controller.leasing import LeaseConfig
+from capwatch.kube.wire import WRITE_TIMEOUT_S
+from capwatch.server.http.readyz import PATH as READYZ_PATH
 from tests.chart.controller_support import (
     AGENT_SELECTOR,
     NAME,
@@ -289,7 +289,7 @@ def test_grace_period_covers_the_clean_stop(enabled: Manifests, helm: Helm) -> N
     assert _pod_spec(enabled)["terminationGracePeriodSeconds"] == 30
     lease = LeaseConfig()
     server_grace = inspect.signature(ClusterServer.stop).parameters["grace_s"].default
-    stop = server_grace + min(lease.renew_deadline_s, REQUEST_TIMEOUT_S) + lease.attempt_timeout_s
+    stop = server_grace + min(lease.renew_deadline_s, WRITE_TIMEOUT_S) + lease.attempt_timeout_s
     assert stop == 17.0
     refused = helm.template(
         "--set", "controller.enabled=true",

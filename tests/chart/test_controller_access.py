@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from capwatch.cli import _parser  # the real `capwatch` parser: what the image will accept
-from controller.kube import EVENT_NAMESPACE
-from controller.leasing import LeaseConfig
-from controller.settings import controller_settings
-from kit.errors import ConfigError
+from capwatch.controller.kube import EVENT_NAMESPACE
+from capwatch.controller.leasing import LeaseConfig
+from capwatch.controller.settings import controller_settings
+from capwatch.kit.errors import ConfigError
 from tests.chart.controller_support import (
     CLEANUP,
     NAME,

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.settings import BackendKind, agent_settings
+from capwatch.agent.settings import BackendKind, agent_settings
 from capwatch.cli import _parser  # the real `capwatch` parser: what the image will accept
-from kit.flags import LogFormat
-from server.settings import server_settings
+from capwatch.kit.flags import LogFormat
+from capwatch.server.settings import server_settings
 from tests.chart.support import VARIANTS, Helm, Manifests, ports
 
 SOCKET = "unix:///run/capwatch/agent.sock"

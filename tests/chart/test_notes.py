@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from capwatch.cli import _parser  # the real `capwatch` parser
-from controller.conditions import CONDITION_TYPE
-from controller.kube import COMPONENT, EVENT_NAMESPACE
-from controller.settings import controller_settings
+from capwatch.controller.conditions import CONDITION_TYPE
+from capwatch.controller.kube import COMPONENT, EVENT_NAMESPACE
+from capwatch.controller.settings import controller_settings
 from tests.chart.support import CHART, NAMESPACE, RELEASE, Helm
 
 

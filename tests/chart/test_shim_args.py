@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from capwatch.cli import _parser  # the real `capwatch` parser: what the image will accept
+from capwatch.server.settings import server_settings
 from capwatch.shim import shim_settings
-from server.settings import server_settings
 from tests.chart.support import VARIANTS, Manifests, ports
 
 

@@ -15,18 +15,18 @@ from dataclasses import dataclass
 
 import grpc
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from controller.cluster.serving import ClusterHealthServicer, add_to_server
-from controller.cluster.state import ClusterView
-from controller.conditions import (
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.controller.cluster.serving import ClusterHealthServicer, add_to_server
+from capwatch.controller.cluster.state import ClusterView
+from capwatch.controller.conditions import (
     AgentLink,
     CycleSummary,
     GpuSummary,
     NodeObservation,
     condition_of,
 )
-from controller.tracking import NodeState
-from kit.clock import FakeClock
+from capwatch.controller.tracking import NodeState
+from capwatch.kit.clock import FakeClock
 
 GPUS = 8
 

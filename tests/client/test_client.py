@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, Iterator
 import grpc
 import pytest
 
-from client.node_health import (
+from capwatch.client.node_health import (
     Backoff,
     ClientError,
     Cycle,
@@ -22,8 +22,8 @@ from client.node_health import (
     NodeHealthClient,
     Snapshot,
 )
-from kit.clock import FakeClock
-from kit.errors import ConfigError
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.errors import ConfigError
 from tests.client.support import eventually
 from tests.server.harness import (
     UUIDS,

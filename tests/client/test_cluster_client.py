@@ -12,8 +12,8 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from client.cluster_health import (
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.client.cluster_health import (
     CONTROLLER_HEARTBEAT_S,
     ClientError,
     ClusterEvent,
@@ -23,11 +23,11 @@ from client.cluster_health import (
     Disconnected,
     NodeUpdate,
 )
-from controller.cluster.serving import DEFAULT_HEARTBEAT_S
-from controller.conditions import AgentLink
-from kit.backoff import Backoff
-from kit.clock import FakeClock
-from kit.errors import ConfigError
+from capwatch.controller.cluster.serving import DEFAULT_HEARTBEAT_S
+from capwatch.controller.conditions import AgentLink
+from capwatch.kit.backoff import Backoff
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.errors import ConfigError
 from tests.client.cluster_rig import ClusterRig, new_view, start_rig
 from tests.client.support import eventually
 

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
 from capwatch.watch.cluster_table import (
     NODE_COLUMNS,
     NodeBoard,

@@ -17,8 +17,8 @@ import pytest
 import pytest_asyncio
 
 from capwatch.cli import main
+from capwatch.controller.conditions import AgentLink
 from capwatch.watch.command import add_watch_arguments, watch, watch_settings
-from controller.conditions import AgentLink
 from tests.client.cluster_rig import ClusterRig, new_view, start_rig
 from tests.client.support import eventually
 from tests.server.harness import ServerHarness

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from client import retrying
-from client.cluster_health import ClusterHealthClient
-from client.node_health import Backoff, Disconnected, Event, NodeHealthClient, Snapshot
-from kit.throttling import ThrottledLog
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.client import retrying
+from capwatch.client.cluster_health import ClusterHealthClient
+from capwatch.client.node_health import Backoff, Disconnected, Event, NodeHealthClient, Snapshot
+from capwatch.kit.throttling import ThrottledLog
 from tests.client.support import Script, scripted
 
 pytestmark = pytest.mark.asyncio
@@ -110,7 +110,7 @@ async def test_a_malformed_message_is_a_failure_retried_with_backoff(
     field, malformed, code None; the waits grow by the backoff (good messages before the
     bad one reset nothing); the iteration goes on, and the log has a throttled warning,
     no traceback. (Before: OverflowError out of events(), and a restart every second.)"""
-    caplog.set_level(logging.INFO, logger="client.retrying")
+    caplog.set_level(logging.INFO, logger="capwatch.client.retrying")
     # The throttle is the process's: a fresh one, so earlier tests have not spent it.
     monkeypatch.setattr(retrying, "_malformed_log", ThrottledLog(retrying.log))
     script = Script(messages)

@@ -9,8 +9,8 @@ import contextlib
 
 import pytest
 
-from client.channels import SharedChannels
-from client.node_health import Disconnected, NodeHealthClient, Snapshot
+from capwatch.client.channels import SharedChannels
+from capwatch.client.node_health import Disconnected, NodeHealthClient, Snapshot
 from tests.server.harness import running, settings_for
 
 pytestmark = pytest.mark.asyncio

@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.kit.readiness import ReadinessReason
+from capwatch.server.grpc.mapping import READINESS_REASON
 from capwatch.watch.layout import FAILED, Line, fit, plain
 from capwatch.watch.tables import (
     GPU_COLUMNS,
@@ -20,8 +22,6 @@ from capwatch.watch.tables import (
     readiness_segments,
     snapshot_heading,
 )
-from kit.readiness import ReadinessReason
-from server.grpc.mapping import READINESS_REASON
 
 # What the boards draw, as the plain text a pipe gets.
 

@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from capwatch.cli import main
-from client.node_health import Disconnected, NodeHealthClient, Snapshot
+from capwatch.client.node_health import Disconnected, NodeHealthClient, Snapshot
 from tests.server.harness import ServerHarness, settings_for, start_harness
 
 pytestmark = pytest.mark.asyncio

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from capwatch.cli import main
+from capwatch.client.stream_events import Disconnected
 from capwatch.watch.command import add_watch_arguments, watch, watch_settings
 from capwatch.watch.printer import Printer
-from client.stream_events import Disconnected
 from tests.client.support import eventually
 from tests.server.harness import (
     UUIDS,

@@ -11,13 +11,13 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.client.stream_events import ClusterSnapshot, Cycle, Disconnected, Heartbeat, Snapshot
 from capwatch.watch.layout import QUIET, Line, plain
 from capwatch.watch.printer import Printer, disconnect_reason
 from capwatch.watch.screen import PrintingScreen
 from capwatch.watch.tables import Frame
-from client.stream_events import ClusterSnapshot, Cycle, Disconnected, Heartbeat, Snapshot
 
 TARGET = "127.0.0.1:50051"
 REFUSED = (

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.attribution import Attributor, FsProcRoot
-from agent.ownership import LoadStatus, OwnershipStore
-from agent.pods import PodInfo, PodRef
-from agent.reconciling import Reconciler
-from agent.stepping import Policy
-from kit.clock import FakeClock
+from capwatch.agent.attribution import Attributor, FsProcRoot
+from capwatch.agent.ownership import LoadStatus, OwnershipStore
+from capwatch.agent.pods import PodInfo, PodRef
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.stepping import Policy
+from capwatch.kit.clock import FakeClock
 from tests.contract.rigs import GPU_COUNT, NvmlRig, Rig, SimRig
 from tests.fakes.pods import StaticPodView
 

@@ -11,12 +11,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Protocol
 
-from agent.gpus import GpuBackend, GpuErrorClass, WriteOutcome
-from agent.reconciling import CycleListener
-from agent.sim.proctree import ProcSpec, materialise
-from agent.sim.scenario import FaultOp, FaultSpec, parse_scenario
-from agent.sim.views import SimGpuBackend
-from agent.sim.world import SimWorld
+from capwatch.agent.gpus import GpuBackend, GpuErrorClass, WriteOutcome
+from capwatch.agent.reconciling import CycleListener
+from capwatch.agent.sim.proctree import ProcSpec, materialise
+from capwatch.agent.sim.scenario import FaultOp, FaultSpec, parse_scenario
+from capwatch.agent.sim.views import SimGpuBackend
+from capwatch.agent.sim.world import SimWorld
 from tests.fakenvml.control import FakeDevice, FakeNvml
 
 GPU_COUNT = 3
@@ -130,7 +130,7 @@ class NvmlRig:
     name = "nvml"
 
     def __init__(self, fake: FakeNvml, proc_root: Path) -> None:
-        from agent.nvml.backend import NvmlBackend
+        from capwatch.agent.nvml.backend import NvmlBackend
         from tests.fakenvml.fixtures import FIXTURE_EVENT_WAIT_MS
 
         self.fake = fake

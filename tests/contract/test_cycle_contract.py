@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpus import GpuBackend, GpuErrorClass, PowerConstraints, WriteResult
-from agent.ownership import FILE_NAME, OwnershipStore
-from agent.reconciling import Reconciler
-from agent.reports import (
+from capwatch.agent.gpus import GpuBackend, GpuErrorClass, PowerConstraints, WriteResult
+from capwatch.agent.ownership import FILE_NAME, OwnershipStore
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import (
     AbortReason,
     CapSource,
     ClampDirection,
@@ -21,7 +21,7 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
-from kit.clock import FakeClock
+from capwatch.kit.clock import FakeClock
 from tests.contract.conftest import POD_A, POD_B, POD_C, POD_D, POD_E, SAFE_W, make_reconciler
 from tests.contract.rigs import DEFAULT_W, MAX_W, UUIDS, Op, Rig, Write
 from tests.fakes.pods import StaticPodView

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.capping import Mode, UnclaimedPolicy
-from agent.ownership import OwnershipStore
-from agent.reports import CapSource, ClampDirection, Outcome, Reason, SafeDefaultCause
-from agent.stepping import Policy
-from kit.clock import FakeClock
+from capwatch.agent.capping import Mode, UnclaimedPolicy
+from capwatch.agent.ownership import OwnershipStore
+from capwatch.agent.reports import CapSource, ClampDirection, Outcome, Reason, SafeDefaultCause
+from capwatch.agent.stepping import Policy
+from capwatch.kit.clock import FakeClock
 from tests.contract.conftest import KEY, POD_A, POD_C, POD_D, POD_E, SAFE_W, make_reconciler
 from tests.contract.rigs import DEFAULT_W, MAX_W, UUIDS, Rig, Write
 from tests.fakes.pods import StaticPodView

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.gpus import GpuBackend, GpuErrorClass, PowerConstraints, WriteResult
-from agent.hub import Hub
-from agent.ownership import FILE_NAME, UNSAVED_CYCLES_LIMIT, OwnershipStore, read_records
-from agent.reconciling import Reconciler
-from agent.reports import CycleFailureKind, Outcome, Reason
-from kit.clock import FakeClock
-from kit.readiness import ReadinessReason
+from capwatch.agent.gpus import GpuBackend, GpuErrorClass, PowerConstraints, WriteResult
+from capwatch.agent.hub import Hub
+from capwatch.agent.ownership import FILE_NAME, UNSAVED_CYCLES_LIMIT, OwnershipStore, read_records
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import CycleFailureKind, Outcome, Reason
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.readiness import ReadinessReason
 from tests.contract.conftest import POD_A, POD_C, make_reconciler
 from tests.contract.rigs import DEFAULT_W, Op, Rig
 from tests.fakes.pods import StaticPodView

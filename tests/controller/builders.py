@@ -9,9 +9,9 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from client.stream_events import Cycle, Disconnected, Heartbeat, Snapshot
-from controller.conditions import AgentLink, CycleSummary, GpuSummary, NodeObservation
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.client.stream_events import Cycle, Disconnected, Heartbeat, Snapshot
+from capwatch.controller.conditions import AgentLink, CycleSummary, GpuSummary, NodeObservation
 
 UUID = "GPU-00000000-0000-4000-8000-{:012d}"
 

@@ -11,14 +11,14 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from client.retrying import MonotonicClock
-from client.stream_events import Event
-from controller.conditions import NodeCondition
-from controller.errors import ApiError, Conflict, FieldConflict, NotFound
-from controller.leasing import LeaseRecord
-from controller.objects import FieldOwner
-from controller.tracking import NodeState
-from controller.writes.recorder import NodeEvent
+from capwatch.client.retrying import MonotonicClock
+from capwatch.client.stream_events import Event
+from capwatch.controller.conditions import NodeCondition
+from capwatch.controller.errors import ApiError, Conflict, FieldConflict, NotFound
+from capwatch.controller.leasing import LeaseRecord
+from capwatch.controller.objects import FieldOwner
+from capwatch.controller.tracking import NodeState
+from capwatch.controller.writes.recorder import NodeEvent
 
 
 class RecordingListener:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from controller.leasing import JITTER_FACTOR, LeaseConfig, LeaseElector
+from capwatch.controller.leasing import JITTER_FACTOR, LeaseConfig, LeaseElector
 from tests.controller.fakes import LeaseClient, LeaseStore
 from tests.controller.virtual_time import LoopClock
 

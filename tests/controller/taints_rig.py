@@ -10,7 +10,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from controller.conditions import (
+from capwatch.controller.conditions import (
     AgentLink,
     Condition,
     ConditionReason,
@@ -19,11 +19,11 @@ from controller.conditions import (
     GpuSummary,
     NodeObservation,
 )
-from controller.errors import ApiError, NotFound
-from controller.taints import Effect, TaintPolicy
-from controller.tracking import NodeState
-from controller.writes.recorder import EventRecorder
-from controller.writes.taints import TaintWriter
+from capwatch.controller.errors import ApiError, NotFound
+from capwatch.controller.taints import Effect, TaintPolicy
+from capwatch.controller.tracking import NodeState
+from capwatch.controller.writes.recorder import EventRecorder
+from capwatch.controller.writes.taints import TaintWriter
 from tests.controller.fakes import FakeEventApi, ManualFence
 from tests.controller.virtual_time import LoopClock
 

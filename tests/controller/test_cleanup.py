@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from controller.cleanup import clean
-from controller.conditions import CONDITION_TYPE
-from controller.errors import ApiError, NotFound
-from controller.kube import NODES, TAINT_RULES
-from controller.settings import CleanupLimits
-from controller.taints import TaintPolicy
+from capwatch.controller.cleanup import clean
+from capwatch.controller.conditions import CONDITION_TYPE
+from capwatch.controller.errors import ApiError, NotFound
+from capwatch.controller.kube import NODES, TAINT_RULES
+from capwatch.controller.settings import CleanupLimits
+from capwatch.controller.taints import TaintPolicy
 from tests.controller.virtual_time import LoopClock
 
 LIMITS = CleanupLimits(request_s=10.0, overall_s=240.0)

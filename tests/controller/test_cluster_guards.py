@@ -18,12 +18,12 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
-from controller.cluster.serving import ClusterServer
-from controller.cluster.state import ClusterView
-from kit.clock import FakeClock
-from kit.throttling import THROTTLE_BURST, THROTTLE_REFILL_S
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
+from capwatch.controller.cluster.serving import ClusterServer
+from capwatch.controller.cluster.state import ClusterView
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.throttling import THROTTLE_BURST, THROTTLE_REFILL_S
 
 pytestmark = pytest.mark.asyncio(loop_factories=["real"])
 
@@ -103,7 +103,7 @@ async def test_malformed_requests_get_invalid_argument_and_throttled_lines(
     assert [
         r for r in caplog.records if r.name.startswith("grpc") and r.levelno > logging.INFO
     ] == []
-    lines = [r.getMessage() for r in caplog.records if r.name == "server.malformed"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "capwatch.server.malformed"]
     assert 1 <= len(lines) <= allowed_lines(elapsed), lines
     assert lines[0].startswith("malformed request refused method=/capwatch.v1.")
     assert "\n" not in "".join(lines)
@@ -195,7 +195,7 @@ async def test_one_client_address_cannot_lock_everyone_out(
     Watch; when one of the first client's streams ends, it may open one again. Each
     refusal is a throttled line. (Before: the first client took all 6, and every other
     Watch was RESOURCE_EXHAUSTED.)"""
-    caplog.set_level(logging.WARNING, logger="controller.cluster.serving")
+    caplog.set_level(logging.WARNING, logger="capwatch.controller.cluster.serving")
     async with (
         serving("[::]:0", max_subscribers=6, max_per_peer=3) as server,
         grpc.aio.insecure_channel(f"127.0.0.1:{server.address.rsplit(':', 1)[1]}") as greedy,
@@ -223,7 +223,9 @@ async def test_one_client_address_cannot_lock_everyone_out(
         assert not isinstance(again, str), again
         for call in (*held, theirs, again):
             call.cancel()
-    refused = [r.getMessage() for r in caplog.records if r.name == "controller.cluster.serving"]
+    refused = [
+        r.getMessage() for r in caplog.records if r.name == "capwatch.controller.cluster.serving"
+    ]
     assert len(refused) == 1
     assert refused[0].startswith("cluster stream refused peer=ipv")
     assert "127.0.0.1" in refused[0]

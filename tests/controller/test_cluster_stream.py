@@ -11,13 +11,13 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
-from controller.cluster.serving import ClusterServer
-from controller.cluster.state import ClusterView
-from controller.conditions import AgentLink, NodeObservation, condition_of
-from controller.tracking import NodeState
-from kit.clock import FakeClock
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
+from capwatch.controller.cluster.serving import ClusterServer
+from capwatch.controller.cluster.state import ClusterView
+from capwatch.controller.conditions import AgentLink, NodeObservation, condition_of
+from capwatch.controller.tracking import NodeState
+from capwatch.kit.clock import FakeClock
 from tests.controller.builders import cycle, failed_gpu, gpu
 
 pytestmark = pytest.mark.asyncio(loop_factories=["real"])

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from controller.conditions import (
+from capwatch.controller.conditions import (
     FAILURE_ORDER,
     MAX_MESSAGE,
     AgentLink,

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from agent.kube.informer import WatchPolicy
-from controller.conditions import ConditionStatus, NodeCondition
-from controller.discovery import (
+from capwatch.controller.conditions import ConditionStatus, NodeCondition
+from capwatch.controller.discovery import (
     KubernetesDiscovery,
     StaticDiscovery,
     agent_pod,
@@ -22,9 +21,10 @@ from controller.discovery import (
     trimmed_node,
     trimmed_pod,
 )
-from controller.objects import node_condition, resource_version
-from kit.clock import SystemClock
-from kit.errors import ConfigError
+from capwatch.controller.objects import node_condition, resource_version
+from capwatch.kit.clock import SystemClock
+from capwatch.kit.errors import ConfigError
+from capwatch.kube.informer import WatchPolicy
 from tests.controller.collections_fake import MemoryCollection
 
 PORT = 50051

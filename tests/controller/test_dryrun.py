@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from controller.conditions import (
+from capwatch.controller.conditions import (
     AgentLink,
     Condition,
     ConditionReason,
@@ -19,10 +19,10 @@ from controller.conditions import (
     NodeCondition,
     NodeObservation,
 )
-from controller.dryrun import PrintingApi, Unfenced
-from controller.tracking import NodeState
-from controller.writes.recorder import EventRecorder, EventType, NodeEvent
-from controller.writes.writer import ConditionWriter
+from capwatch.controller.dryrun import PrintingApi, Unfenced
+from capwatch.controller.tracking import NodeState
+from capwatch.controller.writes.recorder import EventRecorder, EventType, NodeEvent
+from capwatch.controller.writes.writer import ConditionWriter
 from tests.controller.virtual_time import LoopClock
 
 
@@ -107,11 +107,11 @@ def test_a_dry_run_controller_never_loads_the_kubernetes_client(tmp_path) -> Non
         "import sys, os; from capwatch import cli; "
         f"args = cli._parser('controller').parse_args(['controller', '--dry-run', "
         f"'--targets', {str(targets)!r}]); "
-        "from controller.settings import controller_settings; "
+        "from capwatch.controller.settings import controller_settings; "
         "settings = controller_settings(args, os.environ); "
-        "from controller.running import build_controller, run_controller; "
+        "from capwatch.controller.running import build_controller, run_controller; "
         "build_controller(settings); "
-        "print('kubernetes' in sys.modules, 'controller.kube' in sys.modules)"
+        "print('kubernetes' in sys.modules, 'capwatch.controller.kube' in sys.modules)"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True

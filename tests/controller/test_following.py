@@ -14,14 +14,14 @@ import random
 
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from client.node_health import Backoff, NodeHealthClient
-from controller import following
-from controller.conditions import ConditionReason
-from controller.following import Followers
-from controller.tracking import NodeTracker
-from kit.clock import SystemClock
-from kit.pacing import TokenBucket
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.client.node_health import Backoff, NodeHealthClient
+from capwatch.controller import following
+from capwatch.controller.conditions import ConditionReason
+from capwatch.controller.following import Followers
+from capwatch.controller.tracking import NodeTracker
+from capwatch.kit.clock import SystemClock
+from capwatch.kit.pacing import TokenBucket
 from tests.client.support import Script, scripted
 from tests.controller.builders import heartbeat_event, report, snapshot, snapshot_event
 from tests.controller.fakes import FakeClients, FakeStream, RecordingListener
@@ -179,7 +179,7 @@ async def test_a_stream_that_ends_by_itself_is_restarted_after_the_delay(
     rig.target("gpu-1", A)
     stream = await opened(rig, "gpu-1")
     started = rig.clock.monotonic()
-    with caplog.at_level(logging.ERROR, logger="controller.following"):
+    with caplog.at_level(logging.ERROR, logger="capwatch.controller.following"):
         if how == "ended":
             stream.end()
         else:
@@ -289,7 +289,7 @@ async def test_a_follower_that_keeps_dying_backs_off_and_recovers_its_pace(
     rig.target("gpu-1", A)
     start = rig.clock.monotonic()
     restarts: list[float] = []
-    with caplog.at_level(logging.ERROR, logger="controller.following"):
+    with caplog.at_level(logging.ERROR, logger="capwatch.controller.following"):
         while rig.clock.monotonic() - start < 45:
             stream = await opened(rig, "gpu-1")
             if stream is not rig.clients.made[0]:

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from agent.kube.access import ClusterAccess
-from agent.kube.transport import ApiTransport
-from controller.conditions import ConditionStatus, NodeCondition
-from controller.errors import ApiError, DeadlinePassed
-from controller.kube import KubeApi
-from controller.writes.recorder import EventType, NodeEvent
-from kit.clock import FakeClock
+from capwatch.controller.conditions import ConditionStatus, NodeCondition
+from capwatch.controller.errors import ApiError, DeadlinePassed
+from capwatch.controller.kube import KubeApi
+from capwatch.controller.writes.recorder import EventType, NodeEvent
+from capwatch.kit.clock import FakeClock
+from capwatch.kube.access import ClusterAccess
+from capwatch.kube.transport import ApiTransport
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 pytestmark = pytest.mark.asyncio(loop_factories=["real"])  # the pool's threads

@@ -13,9 +13,9 @@ import itertools
 
 import pytest
 
-from controller.leasing import LeaseConfig, LeaseElector, LeaseRecord, micro_time
-from kit.clock import FakeClock
-from kit.errors import ConfigError
+from capwatch.controller.leasing import LeaseConfig, LeaseElector, LeaseRecord, micro_time
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.errors import ConfigError
 from tests.controller.fakes import LeaseStore
 from tests.controller.lease_rig import CONFIG, MAX_RETRY_S, NAME, Replica, settle, shutdown
 from tests.controller.virtual_time import LoopClock

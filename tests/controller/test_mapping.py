@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from controller.cluster.mapping import gpu
-from controller.conditions import GpuSummary
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.controller.cluster.mapping import gpu
+from capwatch.controller.conditions import GpuSummary
 
 BASE = GpuSummary(
     index=2, uuid="GPU-2", healthy=True, outcome="enforced", reason="ok", message="capped"

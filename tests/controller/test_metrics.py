@@ -9,9 +9,9 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.conditions import AgentLink, NodeObservation, condition_of
-from controller.metrics import EVENT_RESULTS, WRITE_RESULTS, ControllerMetrics
-from controller.tracking import NodeState
+from capwatch.controller.conditions import AgentLink, NodeObservation, condition_of
+from capwatch.controller.metrics import EVENT_RESULTS, WRITE_RESULTS, ControllerMetrics
+from capwatch.controller.tracking import NodeState
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from controller.objects import lease_body, lease_record, resource_version
+from capwatch.controller.objects import lease_body, lease_record, resource_version
 
 READ = {
     "apiVersion": "coordination.k8s.io/v1",

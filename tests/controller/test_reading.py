@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from controller.conditions import GpuSummary
-from controller.reading import cycle_age, cycle_summary, gpu_summaries, merged, sharing
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.controller.conditions import GpuSummary
+from capwatch.controller.reading import cycle_age, cycle_summary, gpu_summaries, merged, sharing
 from tests.controller.builders import device, failed_device, gpu, readiness, report
 
 

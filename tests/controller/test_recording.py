@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from controller.conditions import Condition, ConditionReason, ConditionStatus, NodeCondition
-from controller.errors import ApiError, DeadlinePassed
-from controller.writes import REQUEST_TIMEOUT_S
-from controller.writes.recorder import DEDUPE_WINDOW_S, EventRecorder, EventType
-from kit.clock import FakeClock
+from capwatch.controller.conditions import (
+    Condition,
+    ConditionReason,
+    ConditionStatus,
+    NodeCondition,
+)
+from capwatch.controller.errors import ApiError, DeadlinePassed
+from capwatch.controller.writes.recorder import DEDUPE_WINDOW_S, EventRecorder, EventType
+from capwatch.kit.clock import FakeClock
+from capwatch.kube.wire import WRITE_TIMEOUT_S
 from tests.controller.fakes import FakeEventApi, ManualFence
 
 R = ConditionReason
@@ -207,7 +212,7 @@ async def test_a_failed_post_is_counted_not_raised_nor_remembered() -> None:
     assert len(rig.api.events) == 1
 
 
-@pytest.mark.parametrize(("budget", "deadline"), [(2.5, 2.5), (60.0, REQUEST_TIMEOUT_S)])
+@pytest.mark.parametrize(("budget", "deadline"), [(2.5, 2.5), (60.0, WRITE_TIMEOUT_S)])
 @pytest.mark.asyncio
 async def test_an_event_post_never_outlives_the_fence(budget: float, deadline: float) -> None:
     """The post's deadline is the fence's budget, at most the request timeout."""

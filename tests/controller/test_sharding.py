@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.sharding import fnv1a64, ordinal, shard_of
-from kit.errors import ConfigError
+from capwatch.controller.sharding import fnv1a64, ordinal, shard_of
+from capwatch.kit.errors import ConfigError
 
 NODES = [f"gpu-node-{i:05d}.pool-{i % 7}.example.internal" for i in range(10_000)]
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -69,7 +69,7 @@ def test_shard_of_is_the_same_in_another_process() -> None:
     """No salted hash(): a process with another PYTHONHASHSEED assigns the same shards."""
     names = NODES[:50]
     code = (
-        "import sys; from controller.sharding import shard_of; "
+        "import sys; from capwatch.controller.sharding import shard_of; "
         "print(' '.join(str(shard_of(n, 5)) for n in sys.argv[1:]))"
     )
     result = subprocess.run(

@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from controller.errors import FieldConflict
-from controller.taints import (
+from capwatch.controller.errors import FieldConflict
+from capwatch.controller.taints import (
     TAINT_KEY,
     Effect,
     TaintPolicy,
@@ -21,7 +21,7 @@ from controller.taints import (
     rule_name,
     rule_object,
 )
-from kit.errors import ConfigError
+from capwatch.kit.errors import ConfigError
 from tests.controller.taints_rig import DRIVER, RELEASE, Rig, failure, gpu, state
 
 
@@ -248,7 +248,7 @@ async def test_other_shards_and_unconnected_nodes_are_left_alone() -> None:
     rig.writer.node_changed(state("n1", [gpu(0, "xid")]))
     await settle()
     assert set(rig.api.rules) == {name("n1", 0)}
-    from controller.conditions import AgentLink
+    from capwatch.controller.conditions import AgentLink
 
     rig.writer.node_changed(state("n1", [], link=AgentLink.UNREACHABLE))
     await asyncio.sleep(120)

@@ -11,8 +11,8 @@ import asyncio
 import grpc
 import pytest
 
-from controller.conditions import AgentLink, ConditionReason, ConditionStatus
-from controller.tracking import NodeTracker
+from capwatch.controller.conditions import AgentLink, ConditionReason, ConditionStatus
+from capwatch.controller.tracking import NodeTracker
 from tests.controller.builders import (
     cycle_event,
     device,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.writes.workqueue import ItemBackoff, WorkQueue
-from kit.backoff import Backoff
+from capwatch.controller.writes.workqueue import ItemBackoff, WorkQueue
+from capwatch.kit.backoff import Backoff
 from tests.controller.virtual_time import VirtualTimeLoop
 
 BACKOFF = Backoff(initial_s=0.5, max_s=60.0)

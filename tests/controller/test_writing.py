@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from controller.conditions import NodeCondition
-from controller.errors import ApiError
-from controller.writes.writer import RETRY_INITIAL_S, RETRY_MAX_S
+from capwatch.controller.conditions import NodeCondition
+from capwatch.controller.errors import ApiError
+from capwatch.controller.writes.writer import RETRY_INITIAL_S, RETRY_MAX_S
 from tests.controller.writing_rig import (
     NODE,
     RELEASE_FAILED,

@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
-from controller.errors import ApiError, DeadlinePassed, FencedOut
-from controller.writes import REQUEST_TIMEOUT_S
+from capwatch.controller.errors import ApiError, DeadlinePassed, FencedOut
+from capwatch.kube.wire import WRITE_TIMEOUT_S
 from tests.controller.writing_rig import (
     NODE,
     RELEASE_FAILED,
@@ -61,9 +61,7 @@ async def test_resume_writes_a_due_heartbeat_held_by_the_fence() -> None:
     await rig.writer.stop()
 
 
-@pytest.mark.parametrize(
-    ("budget", "deadline"), [(0.5, 0.5), (3.0, 3.0), (60.0, REQUEST_TIMEOUT_S)]
-)
+@pytest.mark.parametrize(("budget", "deadline"), [(0.5, 0.5), (3.0, 3.0), (60.0, WRITE_TIMEOUT_S)])
 @pytest.mark.asyncio
 async def test_a_write_never_outlives_the_fence(budget: float, deadline: float) -> None:
     """The request's deadline is what is left of the fence's budget, at most the request

@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-from controller.errors import ApiError
-from controller.objects import FieldOwner
-from controller.writes.writer import CONFLICT_REASON, RETRY_MAX_S
+from capwatch.controller.errors import ApiError
+from capwatch.controller.objects import FieldOwner
+from capwatch.controller.writes.writer import CONFLICT_REASON, RETRY_MAX_S
 from tests.controller.writing_rig import NODE, TRUE, UNREACHABLE, WRITE_FAILED, Rig, key, settle
 
 

@@ -12,10 +12,10 @@ import itertools
 
 import pytest
 
-from controller.conditions import NodeCondition
-from controller.errors import ApiError
-from controller.objects import FieldOwner
-from controller.writes.writer import RETRY_MAX_S
+from capwatch.controller.conditions import NodeCondition
+from capwatch.controller.errors import ApiError
+from capwatch.controller.objects import FieldOwner
+from capwatch.controller.writes.writer import RETRY_MAX_S
 from tests.controller.fakes import FakeConditionApi
 from tests.controller.writing_rig import TRUE, WRITE_FAILED, Rig, key, settle
 

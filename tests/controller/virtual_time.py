@@ -1,4 +1,4 @@
-"""An asyncio event loop on virtual time, and a :class:`~kit.clock.Clock` that reads it.
+"""An asyncio event loop on virtual time, and a :class:`~capwatch.kit.clock.Clock` that reads it.
 
 When the loop has nothing ready to run it does not wait for its next timer: it
 moves its clock to that timer at once. Sleeps, ``call_later`` timers and

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from controller.conditions import (
+from capwatch.controller.conditions import (
     AgentLink,
     Condition,
     ConditionReason,
@@ -14,9 +14,9 @@ from controller.conditions import (
     NodeCondition,
     NodeObservation,
 )
-from controller.tracking import NodeState
-from controller.writes.recorder import EventRecorder
-from controller.writes.writer import ConditionWriter
+from capwatch.controller.tracking import NodeState
+from capwatch.controller.writes.recorder import EventRecorder
+from capwatch.controller.writes.writer import ConditionWriter
 from tests.controller.fakes import FakeConditionApi, FakeEventApi, ManualFence
 from tests.controller.virtual_time import LoopClock
 

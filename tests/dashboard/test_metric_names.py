@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from controller.metrics import ControllerMetrics
+from capwatch.controller.metrics import ControllerMetrics
 from dashboards.capwatch import expressions
 from tests.dashboard.names import DEVICE_METRICS, EVENT_DRIVEN, documented, family, names_in
 from tests.metrics.support import free_port, http_get, running_agent, samples

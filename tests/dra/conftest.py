@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import pytest_asyncio
 
-from server.settings import ServerSettings
+from capwatch.server.settings import ServerSettings
 from tests.dra.kubelet_api import KubeletApi, compile_descriptor_set, load
 from tests.server.harness import ServerHarness, start_harness
 

@@ -1,7 +1,9 @@
 """Device faults end to end: the fake libnvidia-ml, the real pynvml and NvmlBackend (its
 event thread included), the real Reconciler and fault tracker, a real AgentServer, and
 three readers: capwatch.v1 GetSnapshot, and both DRA mirrors decoded with the kubelet's
-own classes. Each fault kind makes the GPU UNHEALTHY on all three, then recovers."""
+own classes. Each fault kind makes the GPU UNHEALTHY on all three, then recovers. The
+agent's clock is a fake one, stepped by the tests: a quiet window ends exactly when it
+should, never after a real sleep; only the event thread's deliveries are waited for."""
 
 from __future__ import annotations
 
@@ -14,16 +16,16 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from agent.attribution import Attributor, FsProcRoot
-from agent.health.faults import FaultTracker, XidPolicy
-from agent.nvml.backend import NvmlBackend
-from agent.ownership import OwnershipStore
-from agent.reconciling import Reconciler
-from agent.reports import CycleReport
-from agent.stepping import Policy
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from kit.clock import SystemClock
+from capwatch.agent.attribution import Attributor, FsProcRoot
+from capwatch.agent.health.faults import FaultTracker, XidPolicy
+from capwatch.agent.nvml.backend import NvmlBackend
+from capwatch.agent.ownership import OwnershipStore
+from capwatch.agent.reconciling import Reconciler
+from capwatch.agent.reports import CycleReport
+from capwatch.agent.stepping import Policy
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.kit.clock import FakeClock
 from tests.dra.client import KubeletStream
 from tests.dra.kubelet_api import VERSIONS, KubeletApi
 from tests.fakenvml.control import FakeDevice, FakeNvml
@@ -32,7 +34,9 @@ from tests.server.harness import UUIDS, ServerHarness, start_harness
 
 pytestmark = [pytest.mark.nvml, pytest.mark.asyncio]
 
-RECOVERY_S = 0.4  # the quiet window, short so that a test sees XID and ECC faults clear
+RECOVERY_S = 0.5  # the quiet window (fake clock; binary-exact, so the bound is exact)
+STEP_S = 0.25  # a step short of it
+DELIVERY_S = 10.0  # a hang guard for what the event thread delivers; never a speed claim
 INTERVAL_S = 30.0  # no re-send of the DRA lists between a test's own cycles
 FAULTY = 1  # the GPU each test hurts; GPUs 0 and 2 must stay healthy throughout
 
@@ -42,6 +46,7 @@ class Node:
     """One agent over the fake library, its server, and the three readers."""
 
     fake: FakeNvml
+    clock: FakeClock
     reconciler: Reconciler
     harness: ServerHarness
     snapshot: Callable[[], object]
@@ -66,14 +71,17 @@ class Node:
         assert {devices[i].health for i in devices if i != FAULTY} == {pb.DEVICE_HEALTH_HEALTHY}
         return devices[FAULTY], mirrors
 
-    async def until(self, done: Callable[[pb.DeviceStatus], bool], cycles: int = 40):
-        """Cycles until GPU FAULTY's status satisfies ``done`` (events arrive on a thread)."""
-        for _ in range(cycles):
+    async def until(self, done: Callable[[pb.DeviceStatus], bool]):
+        """Cycles until GPU FAULTY's status satisfies ``done`` (events arrive on a thread;
+        the clock is not stepped meanwhile)."""
+        deadline = time.monotonic() + DELIVERY_S
+        while True:
             device, mirrors = await self.cycle()
             if done(device):
                 return device, mirrors
+            if time.monotonic() > deadline:
+                pytest.fail(f"GPU {FAULTY} never reached the expected state; last: {device}")
             await asyncio.sleep(0.02)
-        pytest.fail(f"GPU {FAULTY} never reached the expected state; last: {device}")
 
 
 @pytest_asyncio.fixture
@@ -82,7 +90,7 @@ async def node(
 ) -> AsyncIterator[Node]:
     fake_nvml.configure([FakeDevice(uuid=uuid) for uuid in UUIDS])
     backend = NvmlBackend.open(event_wait_ms=20)
-    clock = SystemClock()
+    clock = FakeClock()
     reconciler = Reconciler(
         backend=backend,
         pods=StaticPodView(()),
@@ -98,7 +106,7 @@ async def node(
             monotonic=clock.monotonic,
         ),
     )
-    harness = await start_harness(interval_s=INTERVAL_S)
+    harness = await start_harness(interval_s=INTERVAL_S, clock=clock)
     channel = harness.channel()
     stub = pb_grpc.NodeHealthServiceStub(channel)
     streams = {v: KubeletStream(channel, kubelet[v], interval_s=INTERVAL_S) for v in VERSIONS}
@@ -107,6 +115,7 @@ async def node(
     try:
         yield Node(
             fake=fake_nvml,
+            clock=clock,
             reconciler=reconciler,
             harness=harness,
             snapshot=lambda: stub.GetSnapshot(pb.GetSnapshotRequest()),
@@ -124,11 +133,18 @@ def _kinds(device: pb.DeviceStatus) -> list[str]:
     return [pb.FaultKind.Name(f.kind) for f in device.faults]
 
 
-async def _healthy_again(node: Node, wait_s: float = 0.0) -> None:
-    if wait_s:
-        await asyncio.sleep(wait_s)
-    device, mirrors = await node.until(lambda d: not d.faults)
-    assert device.health == pb.DEVICE_HEALTH_HEALTHY
+async def _healthy_again(node: Node, *, quiet_window: bool = False) -> None:
+    """The next cycle finds GPU FAULTY healthy on every reader; with ``quiet_window``, only
+    once the window has passed with no new fault: a cycle a step short of it is still
+    UNHEALTHY, the first one at it is not."""
+    if quiet_window:
+        node.clock.advance(RECOVERY_S - STEP_S)
+        device, mirrors = await node.cycle()
+        assert (device.health, len(device.faults)) == (pb.DEVICE_HEALTH_UNHEALTHY, 1)
+        assert {m[0] for m in mirrors.values()} == {"UNHEALTHY"}
+        node.clock.advance(STEP_S)
+    device, mirrors = await node.cycle()
+    assert (device.health, list(device.faults)) == (pb.DEVICE_HEALTH_HEALTHY, [])
     assert {m[0] for m in mirrors.values()} == {"HEALTHY"}
     assert all("device fault" not in m[1] for m in mirrors.values())
 
@@ -147,7 +163,7 @@ async def test_a_fatal_xid_is_unhealthy_everywhere_then_clears(node: Node):
             "UNHEALTHY",
             "capwatch: device fault (XID 79); idle, no power cap required",
         )
-    await _healthy_again(node, RECOVERY_S)
+    await _healthy_again(node, quiet_window=True)
 
 
 async def test_an_ignored_xid_stays_healthy_and_is_still_seen(node: Node):
@@ -195,7 +211,7 @@ async def test_uncorrectable_ecc_errors_are_unhealthy_then_clear(node: Node):
             "capwatch: device fault (uncorrectable ECC errors); idle, no power cap required",
         )
     }
-    await _healthy_again(node, RECOVERY_S)
+    await _healthy_again(node, quiet_window=True)
 
 
 async def test_a_row_remap_failure_lasts_as_long_as_the_device_reports_it(node: Node):
@@ -206,7 +222,7 @@ async def test_a_row_remap_failure_lasts_as_long_as_the_device_reports_it(node: 
     assert _kinds(device) == ["FAULT_KIND_ROW_REMAP_FAILURE"]
     assert device.telemetry.row_remap_pending is True
     assert {m[0] for m in mirrors.values()} == {"UNHEALTHY"}
-    await asyncio.sleep(RECOVERY_S)
+    node.clock.advance(10 * RECOVERY_S)  # ten quiet windows: the read still says so
     device, _ = await node.cycle()
     assert _kinds(device) == ["FAULT_KIND_ROW_REMAP_FAILURE"]
     node.fake.set_row_remap(FAULTY, pending=False, failure=False)
@@ -253,7 +269,7 @@ async def test_a_gpu_that_errors_on_every_read_is_named_not_faulted(node: Node):
 async def test_a_flood_of_xids_is_one_fault_drained_as_one_entry(node: Node):
     """10,000 XID 79 events reach the tracker as one fault with their count; each cycle
     that drains some gets them as one entry with a count (no per-event work on the
-    cycle: what a drain and a cycle cost with a flood is bench/events.py's), and the
+    cycle: what a drain and a cycle cost with a flood is bench/scenarios/events.py's), and the
     other GPUs are untouched."""
     await node.cycle()
     node.fake.queue_xid(FAULTY, 79, count=10_000)

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from agent.gpus import GpuErrorClass
-from agent.health.faults import FAULTS_PER_GPU_LIMIT, Fault, FaultKind
-from agent.reports import AbortReason, GpuResult
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.health.faults import FAULTS_PER_GPU_LIMIT, Fault, FaultKind
+from capwatch.agent.reports import AbortReason, GpuResult
 from tests.dra.client import MAX_MESSAGE, KubeletStream, Received
 from tests.dra.conftest import Serve
 from tests.dra.kubelet_api import VERSIONS, KubeletApi

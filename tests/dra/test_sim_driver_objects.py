@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.dra.simdriver import (
+from capwatch.agent.dra.simdriver import (
     DRIVER,
     PreparedDevice,
     PrepareError,

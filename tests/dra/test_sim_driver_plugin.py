@@ -16,16 +16,16 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from agent.dra.simdriver import DRIVER, SimDevice
-from api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2 as dra_pb
-from api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2_grpc as dra_grpc
-from api.gen.pluginregistration import registration_pb2 as reg_pb
-from api.gen.pluginregistration import registration_pb2_grpc as reg_grpc
-from api.gen.v1 import dra_health_pb2 as v1_pb
-from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
-from kit.backoff import Backoff
-from kit.errors import CapwatchError
-from server.grpc.sim_driver import SimDriverServer, plugin_socket, registration_socket
+from capwatch.agent.dra.simdriver import DRIVER, SimDevice
+from capwatch.api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2 as dra_pb
+from capwatch.api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2_grpc as dra_grpc
+from capwatch.api.gen.pluginregistration import registration_pb2 as reg_pb
+from capwatch.api.gen.pluginregistration import registration_pb2_grpc as reg_grpc
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.v1 import dra_health_pb2_grpc as v1_grpc
+from capwatch.kit.backoff import Backoff
+from capwatch.kit.errors import CapwatchError
+from capwatch.server.grpc.sim_driver import SimDriverServer, plugin_socket, registration_socket
 from tests.server.harness import NODE, UUIDS, ServerHarness, failed, ok, start_harness
 
 UID = "c1a1c1a1-0000-4000-8000-000000000001"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.reports import AbortReason, GpuResult
+from capwatch.agent.reports import AbortReason, GpuResult
 from tests.dra.client import KubeletStream, Received
 from tests.dra.conftest import Serve
 from tests.dra.kubelet_api import VERSIONS, KubeletApi

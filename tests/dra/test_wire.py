@@ -14,8 +14,8 @@ import pytest
 import yaml
 from google.protobuf import descriptor_pb2, descriptor_pool
 
-from api.gen.v1 import dra_health_pb2 as v1_pb
-from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
 from tests.dra.kubelet_api import KUBELET_PROTO, VERSIONS, KubeletApi, shape, shape_of
 
 ROOT = Path(__file__).resolve().parents[2]

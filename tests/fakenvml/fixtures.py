@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.nvml.backend import NvmlBackend
+from capwatch.agent.nvml.backend import NvmlBackend
 from tests.fakenvml.build import DEFAULT_OUTDIR, SONAME, build, build_id
 from tests.fakenvml.control import FakeNvml
 

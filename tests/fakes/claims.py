@@ -1,7 +1,7 @@
 """A settable, in-memory claims view for loop tests (implements agent.dra.claims.ClaimView).
 
 It reads the claims the cycle's pods name from those it is given and joins them
-with the slices by the agent's own :func:`agent.dra.claims.claims_snapshot`, so the
+with the slices by the agent's own :func:`capwatch.agent.dra.claims.claims_snapshot`, so the
 tests drive the same join the real view hands out.
 """
 
@@ -11,10 +11,16 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agent.dra.claims import ClaimsSnapshot, Pin, ReadClaim, claims_snapshot, referenced_claims
-from agent.dra.slices import node_devices
-from agent.pods import PodSnapshot
-from kit.errors import PodViewError
+from capwatch.agent.dra.claims import (
+    ClaimsSnapshot,
+    Pin,
+    ReadClaim,
+    claims_snapshot,
+    referenced_claims,
+)
+from capwatch.agent.dra.slices import node_devices
+from capwatch.agent.pods import PodSnapshot
+from capwatch.kit.errors import PodViewError
 
 
 class StaticClaimView:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from agent.pods import PodInfo, PodSnapshot
-from kit.errors import PodViewError
+from capwatch.agent.pods import PodInfo, PodSnapshot
+from capwatch.kit.errors import PodViewError
 
 
 class StaticPodView:

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from agent.kube.access import ClusterAccess
-from agent.kube.informer import WatchPolicy
-from agent.kube.podview import PodInformer
-from agent.kube.transport import ApiTransport
-from kit.clock import SystemClock
+from capwatch.agent.kube.podview import PodInformer
+from capwatch.kit.clock import SystemClock
+from capwatch.kube.access import ClusterAccess
+from capwatch.kube.informer import WatchPolicy
+from capwatch.kube.transport import ApiTransport
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.rawapi import client_for
 from tests.kube.realserver import RealApiServer, prepare

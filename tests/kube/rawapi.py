@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from agent.kube.access import ClusterAccess
-from agent.kube.transport import ApiTransport
+from capwatch.kube.access import ClusterAccess
+from capwatch.kube.transport import ApiTransport
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 SMP = "application/strategic-merge-patch+json"

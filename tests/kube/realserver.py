@@ -15,7 +15,7 @@ from typing import Any
 
 import kubernetes.client
 
-from agent.kube.access import ClusterAccess
+from capwatch.kube.access import ClusterAccess
 from tests.kube.servers import NAMESPACES, ApiServer, Obj, kubelet_ready, untyped
 from tests.realkube.controlplane import ControlPlane
 

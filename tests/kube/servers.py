@@ -27,8 +27,8 @@ from typing import Any
 
 import kubernetes.client
 
-from agent.kube.access import ClusterAccess
-from agent.kube.transport import ApiTransport
+from capwatch.kube.access import ClusterAccess
+from capwatch.kube.transport import ApiTransport
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 Obj = dict[str, Any]

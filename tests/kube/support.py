@@ -6,10 +6,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.kube.client import KubernetesPodRequests
-from agent.kube.podview import PodInformer
-from agent.kube.transport import ApiTransport
-from kit.errors import PodViewError
+from capwatch.agent.kube.pod_requests import KubernetesPodRequests
+from capwatch.agent.kube.podview import PodInformer
+from capwatch.kit.errors import PodViewError
+from capwatch.kube.transport import ApiTransport
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 NODE = "node-a"

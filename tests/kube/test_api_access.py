@@ -1,4 +1,4 @@
-"""agent.kube.access: what a kubeconfig or the in-cluster environment says about the API
+"""kube.access: what a kubeconfig or the in-cluster environment says about the API
 server and this process's credentials, and the one-line refusals of what capwatch
 does not do."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.kube.access import ClusterAccess, from_environment, from_kubeconfig, in_cluster
-from kit.errors import ConfigError
+from capwatch.kit.errors import ConfigError
+from capwatch.kube.access import ClusterAccess, from_environment, from_kubeconfig, in_cluster
 
 CA = b"-----BEGIN CERTIFICATE-----\nca\n-----END CERTIFICATE-----\n"
 CERT = b"-----BEGIN CERTIFICATE-----\nclient\n-----END CERTIFICATE-----\n"

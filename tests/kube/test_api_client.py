@@ -1,4 +1,4 @@
-"""agent.kube.transport and api_transport: the kubeconfig's client drives a pod view;
+"""kube.transport and api_transport: the kubeconfig's client drives a pod view;
 over TLS the server is verified against the kubeconfig's CA (or the name it gives),
 the client certificate is presented, the token is sent and a rotated token file
 re-read; and the answer is the caller's whatever its status."""
@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import urllib3.exceptions
 
-from agent.kube.access import TOKEN_REREAD_S, ClusterAccess
-from agent.kube.client import KubernetesPodRequests, api_transport
-from agent.kube.informer import WatchPolicy
-from agent.kube.podview import PodInformer
-from agent.kube.transport import ApiTransport
-from kit.clock import FakeClock, SystemClock
-from kit.errors import ConfigError
+from capwatch.agent.kube.pod_requests import KubernetesPodRequests
+from capwatch.agent.kube.podview import PodInformer
+from capwatch.kit.clock import FakeClock, SystemClock
+from capwatch.kit.errors import ConfigError
+from capwatch.kube.access import TOKEN_REREAD_S, ClusterAccess
+from capwatch.kube.client import api_transport
+from capwatch.kube.informer import WatchPolicy
+from capwatch.kube.transport import ApiTransport
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.support import NODE, is_synced, names, wait_until
 from tests.realkube.pki import Pki

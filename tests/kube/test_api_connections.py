@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.kube import DISCOVERY_WATCHES, KUBE_THREADS, api_client
+from capwatch.controller.kube import DISCOVERY_WATCHES, KUBE_THREADS, api_client
 
 IN_FLIGHT = KUBE_THREADS + DISCOVERY_WATCHES
 ROUNDS = 3

@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent.dra.claims import ClaimProblemKind, ClaimsSnapshot
-from agent.kube.claims import RESOURCE_API, SLICES_PATH, NodeClaims
-from agent.kube.client import CollectionRequests, ObjectRequests, group_version_served
-from agent.kube.informer import WatchPolicy
-from agent.kube.transport import ApiTransport
-from agent.pods import PodInfo, PodRef, PodSnapshot
-from kit.clock import SystemClock
-from kit.errors import PodViewError
+from capwatch.agent.dra.claims import ClaimProblemKind, ClaimsSnapshot
+from capwatch.agent.kube.claims import RESOURCE_API, SLICES_PATH, NodeClaims
+from capwatch.agent.pods import PodInfo, PodRef, PodSnapshot
+from capwatch.kit.clock import SystemClock
+from capwatch.kit.errors import PodViewError
+from capwatch.kube.client import CollectionRequests, ObjectRequests, group_version_served
+from capwatch.kube.informer import WatchPolicy
+from capwatch.kube.transport import ApiTransport
 from tests.claims_objects import NODE, POD, UUIDS, capwatch, claim, power_cap, slice_of
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.rawapi import client_for

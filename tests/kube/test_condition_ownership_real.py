@@ -10,14 +10,14 @@ import random
 
 import pytest
 
-from controller.conditions import AgentLink, Condition, ConditionReason, ConditionStatus
-from controller.conditions import NodeObservation as Observation
-from controller.kube import KubeApi
-from controller.objects import node_condition
-from controller.tracking import NodeState
-from controller.writes.recorder import EventRecorder
-from controller.writes.writer import CONFLICT_REASON, ConditionWriter
-from kit.clock import SystemClock
+from capwatch.controller.conditions import AgentLink, Condition, ConditionReason, ConditionStatus
+from capwatch.controller.conditions import NodeObservation as Observation
+from capwatch.controller.kube import KubeApi
+from capwatch.controller.objects import node_condition
+from capwatch.controller.tracking import NodeState
+from capwatch.controller.writes.recorder import EventRecorder
+from capwatch.controller.writes.writer import CONFLICT_REASON, ConditionWriter
+from capwatch.kit.clock import SystemClock
 from tests.controller.fakes import FakeEventApi, ManualFence
 from tests.controller.writing_rig import Observer
 from tests.kube.rawapi import call

@@ -1,6 +1,6 @@
 """The agent's Event sink and its HTTP connection: a defect found by the contract tests.
 
-``KubernetesEventSink.post`` (agent/kube/client.py) asks for the raw response
+``KubernetesEventSink.post`` (agent/kube/pod_requests.py) asks for the raw response
 (``_preload_content=False``) and hands the connection back to the pool with
 ``release_conn()`` without reading the 201's body. The pooled connection then has that
 body pending: urllib3 either finds the socket readable and throws the connection away
@@ -16,10 +16,10 @@ before ``release_conn()`` fixes both.
 
 from __future__ import annotations
 
-from agent.kube.client import KubernetesEventSink
-from agent.podevents import EventType, PodEvent
-from agent.pods import PodRef
-from kit.clock import SystemClock
+from capwatch.agent.kube.pod_requests import KubernetesEventSink
+from capwatch.agent.podevents import EventType, PodEvent
+from capwatch.agent.pods import PodRef
+from capwatch.kit.clock import SystemClock
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.conftest import ClientFactory
 

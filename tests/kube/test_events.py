@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.kube.client import KubernetesEventSink
-from agent.kube.transport import ApiTransport
-from agent.podevents import EventSinkError, EventType, PodEvent
-from agent.pods import PodRef
-from kit.clock import FakeClock
+from capwatch.agent.kube.pod_requests import KubernetesEventSink
+from capwatch.agent.podevents import EventSinkError, EventType, PodEvent
+from capwatch.agent.pods import PodRef
+from capwatch.kit.clock import FakeClock
+from capwatch.kube.transport import ApiTransport
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 POD = PodRef(namespace="ml", name="trainer", uid="aaaaaaaa-0000-4000-8000-000000000001")

@@ -10,12 +10,12 @@ from urllib.parse import urlencode
 
 import pytest
 
-from controller.conditions import ConditionStatus, NodeCondition
-from controller.errors import ApiError, Conflict
-from controller.kube import KubeApi
-from controller.leasing import LeaseRecord, micro_time
-from controller.objects import node_condition, resource_version
-from controller.writes.recorder import EventType, NodeEvent
+from capwatch.controller.conditions import ConditionStatus, NodeCondition
+from capwatch.controller.errors import ApiError, Conflict
+from capwatch.controller.kube import KubeApi
+from capwatch.controller.leasing import LeaseRecord, micro_time
+from capwatch.controller.objects import node_condition, resource_version
+from capwatch.controller.writes.recorder import EventType, NodeEvent
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.conftest import ClientFactory
 from tests.kube.rawapi import call
@@ -205,7 +205,7 @@ async def test_a_throttled_kind_answers_429_past_its_rate(
 ) -> None:
     """The fake's throttle: at most N node status writes in a second get through, the rest
     are answered 429 with the throttle's Retry-After (the condition writer's 429 path is
-    driven by it in bench/throttling.py); without the throttle every write lands."""
+    driven by it in bench/scenarios/throttling.py); without the throttle every write lands."""
     kube_apiserver.add_node("n1", labels=GPU)
     kube_apiserver.throttle("node_status", 3, retry_after=2)
     condition = _condition(ConditionStatus.TRUE, "CapsEnforced", WALL)

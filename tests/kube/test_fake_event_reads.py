@@ -10,13 +10,13 @@ from urllib.parse import urlencode
 
 import pytest
 
-from agent.kube.client import KubernetesEventSink
-from agent.podevents import EventType as PodEventType
-from agent.podevents import PodEvent
-from agent.pods import PodRef
-from controller.kube import KubeApi
-from controller.writes.recorder import EventType, NodeEvent
-from kit.clock import SystemClock
+from capwatch.agent.kube.pod_requests import KubernetesEventSink
+from capwatch.agent.podevents import EventType as PodEventType
+from capwatch.agent.podevents import PodEvent
+from capwatch.agent.pods import PodRef
+from capwatch.controller.kube import KubeApi
+from capwatch.controller.writes.recorder import EventType, NodeEvent
+from capwatch.kit.clock import SystemClock
 from tests.kube.rawapi import Watch, call
 from tests.kube.servers import ApiServer
 from tests.kube.support import NODE

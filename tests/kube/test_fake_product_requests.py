@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from agent.kube.client import CollectionRequests
-from agent.kube.informer import Informer, WatchPolicy
-from agent.kube.podview import PodInformer
-from kit.clock import SystemClock
+from capwatch.agent.kube.podview import PodInformer
+from capwatch.kit.clock import SystemClock
+from capwatch.kube.client import CollectionRequests
+from capwatch.kube.informer import Informer, WatchPolicy
 from tests.kube.servers import ApiServer
 from tests.kube.support import NODE, OTHER_NODE, is_synced, kube_pod_view, names, wait_until
 

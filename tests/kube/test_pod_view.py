@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit.errors import PodViewError
+from capwatch.kit.errors import PodViewError
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.conftest import ViewFactory
 from tests.kube.support import NODE, OTHER_NODE, is_synced, names, wait_until, wait_watching

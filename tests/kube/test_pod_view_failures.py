@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from kit.clock import SystemClock
-from kit.errors import PodViewError
+from capwatch.kit.clock import SystemClock
+from capwatch.kit.errors import PodViewError
 from tests.fakes.kube_apiserver import FakeKubeApiServer, GoneMode
 from tests.kube.conftest import ViewFactory
 from tests.kube.support import NODE, OTHER_NODE, is_synced, names, wait_until, wait_watching
@@ -103,7 +103,7 @@ def test_backoff_doubles_between_retries(
     """Consecutive failures wait by the one backoff (kit/backoff.py): failure n waits at
     most initial * 2**n (full jitter below that ceiling), so the ceilings double."""
     kube_apiserver.fail_next("list", 500, count=4)
-    with caplog.at_level(logging.WARNING, logger="agent.kube.informer"):
+    with caplog.at_level(logging.WARNING, logger="capwatch.kube.informer"):
         view = make_view(backoff_initial=0.02, backoff_max=5.0)
         wait_until(lambda: is_synced(view), what="sync after failures")
     waits = [float(m[1]) for r in caplog.records if (m := RETRY_IN.search(r.getMessage()))]

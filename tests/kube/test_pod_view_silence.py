@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from kit.clock import FakeClock
-from kit.errors import PodViewError
+from capwatch.kit.clock import FakeClock
+from capwatch.kit.errors import PodViewError
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.kube.conftest import ViewFactory
 from tests.kube.support import NODE, is_synced, names, wait_until, wait_watching

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent.dra.simdriver import SimDevice, resource_slice, slice_name
-from agent.kube.slice_publisher import FIELD_MANAGER, SLICES, SlicePublisher, SlicePublishError
+from capwatch.agent.dra.simdriver import SimDevice, resource_slice, slice_name
+from capwatch.agent.kube.slice_publisher import (
+    FIELD_MANAGER,
+    SLICES,
+    SlicePublisher,
+    SlicePublishError,
+)
 from tests.kube.rawapi import call
 from tests.kube.realserver import RealApiServer
 

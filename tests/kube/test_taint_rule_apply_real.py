@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.errors import FieldConflict
-from controller.kube import TAINT_RULES, KubeApi
-from controller.taints import DeviceTaint, Effect, TaintPolicy, rule_object
+from capwatch.controller.errors import FieldConflict
+from capwatch.controller.kube import TAINT_RULES, KubeApi
+from capwatch.controller.taints import DeviceTaint, Effect, TaintPolicy, rule_object
 from tests.kube.rawapi import call
 from tests.kube.realserver import RealApiServer
 

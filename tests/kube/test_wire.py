@@ -1,11 +1,11 @@
 """The API server's wire format as capwatch reads it without the client library
-(agent/kube/wire.py): the one Retry-After rule, for the agent and the controller."""
+(kube/wire.py): the one Retry-After rule, for the agent and the controller."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.kube.wire import retry_after_seconds
+from capwatch.kube.wire import retry_after_seconds
 
 
 @pytest.mark.parametrize(

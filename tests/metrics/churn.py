@@ -1,7 +1,7 @@
 """Pods churning over a node's GPUs, folded into a Metrics registry: the series it serves.
 
 Shared by tests/metrics/test_cap_owners.py (which asserts the count stays
-bounded) and bench/cap_series.py (which prints the figures).
+bounded) and bench/scenarios/cap_series.py (which prints the figures).
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 from prometheus_client import generate_latest
 
-from agent.devices import inventory
-from agent.hub import Hub
-from agent.pods import PodRef
-from agent.reports import CapSource, CycleReport, GpuResult, Outcome, Reason
-from kit.clock import FakeClock
-from server.grpc.publication import Publication
-from server.metrics.cycle_metrics import Metrics
-from server.settings import DeviceNamerTemplate
+from capwatch.agent.devices import inventory
+from capwatch.agent.hub import Hub
+from capwatch.agent.pods import PodRef
+from capwatch.agent.reports import CapSource, CycleReport, GpuResult, Outcome, Reason
+from capwatch.kit.clock import FakeClock
+from capwatch.server.grpc.publication import Publication
+from capwatch.server.metrics.cycle_metrics import Metrics
+from capwatch.server.settings import DeviceNamerTemplate
 from tests.metrics.support import samples
 
 CAP_GAUGES = ("capwatch_gpu_resolved_cap_watts", "capwatch_gpu_applied_cap_watts")

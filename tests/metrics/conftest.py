@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest_asyncio
 
-from server.metrics.cycle_metrics import Metrics
+from capwatch.server.metrics.cycle_metrics import Metrics
 from tests.metrics.support import Series, eventually, scrape
 from tests.server.harness import ServerHarness, start_harness
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from agent.dra.claims import ClaimRef
-from agent.pods import PodRef
-from agent.reports import CapSource, GpuResult, Outcome, Reason
-from server.metrics.cycle_metrics import GpuCaps, next_caps
+from capwatch.agent.dra.claims import ClaimRef
+from capwatch.agent.pods import PodRef
+from capwatch.agent.reports import CapSource, GpuResult, Outcome, Reason
+from capwatch.server.metrics.cycle_metrics import GpuCaps, next_caps
 from tests.metrics.churn import churn
 from tests.metrics.conftest import Followed
 from tests.metrics.support import series_of

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from agent.health.faults import Fault, FaultKind
-from agent.health.telemetry import DeviceEvent, DeviceEventKind, Readings, ThrottleReason
-from server.metrics.cycle_metrics import Metrics
-from server.metrics.device_metrics import XID_CODES_PER_GPU
+from capwatch.agent.health.faults import Fault, FaultKind
+from capwatch.agent.health.telemetry import DeviceEvent, DeviceEventKind, Readings, ThrottleReason
+from capwatch.server.metrics.cycle_metrics import Metrics
+from capwatch.server.metrics.device_metrics import XID_CODES_PER_GPU
 from tests.metrics.conftest import Followed
 from tests.metrics.support import scrape, series_of, value
 from tests.server.harness import UUIDS, failed, idle, ok, start_harness

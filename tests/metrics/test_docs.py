@@ -10,9 +10,9 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.podevents import EventCounts
-from server.certificates import Reloads
-from server.metrics.cycle_metrics import Metrics
+from capwatch.agent.podevents import EventCounts
+from capwatch.server.certificates import Reloads
+from capwatch.server.metrics.cycle_metrics import Metrics
 from tests.server.harness import failed, ok, start_harness
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

@@ -20,9 +20,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from capwatch.cli import main
-from server.metrics.cycle_metrics import Metrics
-from server.metrics.endpoint import MetricsServer
-from server.settings import server_settings
+from capwatch.server.metrics.cycle_metrics import Metrics
+from capwatch.server.metrics.endpoint import MetricsServer
+from capwatch.server.settings import server_settings
 from tests.metrics.support import (
     eventually,
     http_get,

@@ -11,12 +11,12 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.devices import inventory
-from agent.gpus import GpuErrorClass
-from agent.hub import Hub
-from agent.podevents import EventCounts
-from agent.pods import PodRef
-from agent.reports import (
+from capwatch.agent.devices import inventory
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.hub import Hub
+from capwatch.agent.podevents import EventCounts
+from capwatch.agent.pods import PodRef
+from capwatch.agent.reports import (
     AbortReason,
     CapSource,
     ClampDirection,
@@ -28,14 +28,14 @@ from agent.reports import (
     Reason,
     SafeDefaultCause,
 )
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from kit.clock import FakeClock
-from server.certificates import Reloads
-from server.grpc.publication import Publication
-from server.metrics.cycle_metrics import FAILURE_REASONS, GpuCaps, Metrics, next_caps
-from server.metrics.endpoint import MetricsServer
-from server.settings import DeviceNamerTemplate
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.kit.clock import FakeClock
+from capwatch.server.certificates import Reloads
+from capwatch.server.grpc.publication import Publication
+from capwatch.server.metrics.cycle_metrics import FAILURE_REASONS, GpuCaps, Metrics, next_caps
+from capwatch.server.metrics.endpoint import TASK_NAME, MetricsServer
+from capwatch.server.settings import DeviceNamerTemplate
 from tests.metrics.conftest import Followed
 from tests.metrics.support import eventually, scrape, series_of, value
 from tests.server.harness import NODE, POD, UUIDS, failed, idle, ok, released, start_harness
@@ -343,7 +343,9 @@ class ExplodingMetrics(Metrics):
 
 
 async def test_a_follower_that_dies_stops_the_agent_but_a_release_does_not():
-    """The supervised task calls on_fatal when folding raises, not when readers are released."""
+    """The supervised task calls on_fatal when folding raises, not when readers are
+    released: the released follower has ended on its own, and been judged, before its
+    server is stopped (a stop would have cancelled it and proved nothing)."""
     harness = await start_harness()
     fatal: list[str] = []
     quiet: list[str] = []
@@ -368,7 +370,11 @@ async def test_a_follower_that_dies_stops_the_agent_but_a_release_does_not():
         await calm.start()
         harness.publication.stopping.set()  # the server's stop order: stopping, then release
         harness.hub.release_readers()
-        await asyncio.sleep(0.1)
+        # The follower ends by itself (not cancelled by a stop) and its end is judged
+        # before calm.stop() is even called.
+        await eventually(lambda: not any(t.get_name() == TASK_NAME for t in asyncio.all_tasks()))
+        await asyncio.sleep(0)  # its done-callback (the supervision) has run
+        assert quiet == []
         await calm.stop()
     finally:
         await harness.server.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.reports import CycleFailure, CycleFailureKind, CycleReport
+from capwatch.agent.reports import CycleFailure, CycleFailureKind, CycleReport
 from tests.metrics.conftest import Followed
 from tests.metrics.support import value
 from tests.server.harness import UUIDS, ok

@@ -6,7 +6,7 @@ against the official header (through the fake library) by a test.
 
 from __future__ import annotations
 
-from agent.gpus import GpuErrorClass
+from capwatch.agent.gpus import GpuErrorClass
 
 # (nvmlReturn_t name, value in nvml.h, class)
 CLASSIFIED: tuple[tuple[str, int, GpuErrorClass], ...] = (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.gpus import GpuErrorClass
-from agent.nvml.backend import classify, uuid_text
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.nvml.backend import classify, uuid_text
 from tests.fakenvml.control import FakeNvml
 from tests.nvml.nvml_codes import CLASSIFIED, CLASSIFIED_IDS, UNCLASSIFIED
 

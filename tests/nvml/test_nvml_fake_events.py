@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.health.telemetry import DeviceEventKind, ThrottleReason
-from agent.nvml.backend import NvmlBackend
+from capwatch.agent.health.telemetry import DeviceEventKind, ThrottleReason
+from capwatch.agent.nvml.backend import NvmlBackend
 from tests.fakenvml.control import (
     DEFAULT_UUIDS,
     EVENT_DOUBLE_BIT_ECC,
@@ -354,7 +354,7 @@ def test_subprocess_gets_health_and_events_from_fake_config(
     script = textwrap.dedent(
         """
         import time
-        from agent.nvml.backend import NvmlBackend
+        from capwatch.agent.nvml.backend import NvmlBackend
         with NvmlBackend(event_wait_ms=20) as b:
             r0, r1 = b.readings(0), b.readings(1)
             print(r0.power_draw_milliwatts, [t.value for t in r0.throttle_reasons], r1.lost)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpus import GpuError, GpuErrorClass, WriteOutcome
-from agent.nvml.backend import NvmlBackend
-from kit.errors import BackendUnavailable
+from capwatch.agent.gpus import GpuError, GpuErrorClass, WriteOutcome
+from capwatch.agent.nvml.backend import NvmlBackend
+from capwatch.kit.errors import BackendUnavailable
 from tests.fakenvml.build import HERE, SONAME, BuildError, build, find_header
 from tests.fakenvml.control import (
     DEFAULT_UUIDS,
@@ -211,8 +211,8 @@ def test_subprocess_configured_by_file(fake_nvml_library: Path, tmp_path: Path) 
     ).write(tmp_path / "fake.conf")
     script = textwrap.dedent(
         """
-        from agent.gpus import GpuError
-        from agent.nvml.backend import NvmlBackend
+        from capwatch.agent.gpus import GpuError
+        from capwatch.agent.nvml.backend import NvmlBackend
         with NvmlBackend() as b:
             print(b.device_count(), b.uuid(0), b.processes(0))
             print(b.set_limit(0, uuid="GPU-sub0", milliwatts=123_000).outcome.value)

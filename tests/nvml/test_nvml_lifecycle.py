@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from agent.gpus import GpuError, GpuErrorClass, WriteOutcome
-from agent.nvml.backend import NvmlBackend
-from kit.errors import BackendUnavailable
+from capwatch.agent.gpus import GpuError, GpuErrorClass, WriteOutcome
+from capwatch.agent.nvml.backend import NvmlBackend
+from capwatch.kit.errors import BackendUnavailable
 from tests.fakenvml.control import DEFAULT_UUIDS, FakeNvml
 
 pytestmark = pytest.mark.nvml
@@ -84,7 +84,7 @@ def test_shutdown_error_is_logged_not_raised(
     """A failing nvmlShutdown is logged with its class; close() returns normally."""
     backend = NvmlBackend.open()
     fake_nvml.inject("nvmlShutdown", None, "NVML_ERROR_GPU_IS_LOST")
-    with caplog.at_level(logging.WARNING, logger="agent.nvml.backend"):
+    with caplog.at_level(logging.WARNING, logger="capwatch.agent.nvml.backend"):
         backend.close()
         backend.close()
     assert "error_class=gpu_is_lost" in caplog.text

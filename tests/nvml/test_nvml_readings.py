@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.health.telemetry import Readings, ThrottleReason
-from agent.nvml.backend import NvmlBackend
+from capwatch.agent.health.telemetry import Readings, ThrottleReason
+from capwatch.agent.nvml.backend import NvmlBackend
 from tests.fakenvml.control import DEFAULT_DRAW_MW, DEFAULT_LIMIT_MW, DEFAULT_UUIDS, FakeNvml
 
 pytestmark = pytest.mark.nvml

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.gpus import GpuError, GpuErrorClass, PowerConstraints
-from agent.nvml.backend import NvmlBackend
+from capwatch.agent.gpus import GpuError, GpuErrorClass, PowerConstraints
+from capwatch.agent.nvml.backend import NvmlBackend
 from tests.fakenvml.control import DEFAULT_UUIDS, FakeDevice, FakeNvml
 from tests.nvml.nvml_codes import CLASSIFIED, CLASSIFIED_IDS
 

@@ -6,8 +6,8 @@ from typing import cast
 
 import pytest
 
-from agent.gpus import GpuErrorClass, WriteOutcome
-from agent.nvml.backend import NvmlBackend
+from capwatch.agent.gpus import GpuErrorClass, WriteOutcome
+from capwatch.agent.nvml.backend import NvmlBackend
 from tests.fakenvml.control import DEFAULT_UUIDS, FakeDevice, FakeNvml, WriteLogEntry
 from tests.nvml.nvml_codes import CLASSIFIED, CLASSIFIED_IDS
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.nvml.backend import NvmlBackend
-from agent.nvml.probe import probe
+from capwatch.agent.nvml.backend import NvmlBackend
+from capwatch.agent.nvml.probe import probe
 from tests.fakenvml.control import FakeConfig, FakeDevice, FakeNvml, QueuedEvent
 
 pytestmark = pytest.mark.nvml

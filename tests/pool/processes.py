@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CAPWATCH = [sys.executable, "-m", "capwatch.cli"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from agent.reports import CycleReport
-from agent.sim.pool import Pool, PoolNode, PoolSettings
-from agent.sim.poolspec import PoolFaultKind, parse_fault
-from kit.clock import FakeClock
+from capwatch.agent.reports import CycleReport
+from capwatch.agent.sim.pool import Pool, PoolNode, PoolSettings
+from capwatch.agent.sim.poolspec import PoolFaultKind, parse_fault
+from capwatch.kit.clock import FakeClock
 
 START = 1000.0  # FakeClock's monotonic origin
 

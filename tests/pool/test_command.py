@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from capwatch.cli import main
 from capwatch.pool import add_pool_arguments, pool_command, run_pool
 from tests.server.harness import eventually

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sim.poolspec import node_names, parse_fault
+from capwatch.agent.sim.poolspec import node_names, parse_fault
 from tests.pool.processes import (
     ClusterClient,
     Conditions,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.reports import Outcome, Reason
-from agent.sim.pool import WRITE_LOG, PoolNode, PoolSettings
-from agent.sim.poolspec import PoolFaultKind, parse_fault
-from kit.clock import FakeClock
+from capwatch.agent.reports import Outcome, Reason
+from capwatch.agent.sim.pool import WRITE_LOG, PoolNode, PoolSettings
+from capwatch.agent.sim.poolspec import PoolFaultKind, parse_fault
+from capwatch.kit.clock import FakeClock
 from tests.pool.support import run_pool_for
 
 NONE: frozenset[PoolFaultKind] = frozenset()

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from agent.sim.poolspec import (
+from capwatch.agent.sim.poolspec import (
     PoolFault,
     PoolFaultKind,
     node_names,
     node_scenario,
     parse_fault,
 )
-from kit.errors import ConfigError
+from capwatch.kit.errors import ConfigError
 
 NAMES = node_names(10_000, prefix="sim-node-")
 

@@ -16,20 +16,20 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from agent.sim.pool import Pool, PoolNode, PoolSettings
-from agent.sim.poolspec import PoolFaultKind
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from api.gen.v1 import dra_health_pb2 as v1_pb
-from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
-from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
-from api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
+from capwatch.agent.sim.pool import Pool, PoolNode, PoolSettings
+from capwatch.agent.sim.poolspec import PoolFaultKind
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.v1 import dra_health_pb2_grpc as v1_grpc
+from capwatch.api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_pb
+from capwatch.api.gen.v1alpha1 import dra_health_pb2_grpc as v1alpha1_grpc
+from capwatch.kit.clock import SystemClock
 from capwatch.pool import node_state, pool_server_settings, served_nodes
+from capwatch.server.grpc.nodes import NODE_METADATA_KEY, ManyNodes, NodeState
+from capwatch.server.grpc.serving import AgentServer
 from capwatch.watch.command import watch
 from capwatch.watch.settings import add_watch_arguments, watch_settings
-from kit.clock import SystemClock
-from server.grpc.nodes import NODE_METADATA_KEY, ManyNodes, NodeState
-from server.grpc.serving import AgentServer
 from tests.server.harness import next_event
 
 NONE: frozenset[PoolFaultKind] = frozenset()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.sim.proctree import ProcSpec, materialise
+from capwatch.agent.sim.proctree import ProcSpec, materialise
 from tests.controller.e2e.processes import Process
 from tests.fakenvml.control import FakeConfig, FakeDevice, read_log_file
 from tests.realkube.access import BoundPod

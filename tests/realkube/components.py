@@ -30,8 +30,8 @@ from typing import Any
 
 import grpc
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from tests.chart.support import Helm
 from tests.controller.e2e.processes import (
     CAPWATCH,

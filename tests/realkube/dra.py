@@ -32,11 +32,11 @@ from typing import Any
 
 import grpc
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from api.gen.v1 import dra_health_pb2 as dra_pb
-from api.gen.v1 import dra_health_pb2_grpc as dra_grpc
-from server.grpc.nodes import NODE_METADATA_KEY
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.api.gen.v1 import dra_health_pb2 as dra_pb
+from capwatch.api.gen.v1 import dra_health_pb2_grpc as dra_grpc
+from capwatch.server.grpc.nodes import NODE_METADATA_KEY
 from tests.controller.e2e.processes import wait_until
 from tests.realkube.access import ApiAccess, ApiError
 from tests.realkube.flags import KWOK_NODE_SELECTOR

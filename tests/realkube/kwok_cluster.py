@@ -10,7 +10,7 @@ other node's has, and a connection to it reaches whatever listens there (the
 ``capwatch pool`` serving every node). That is a real cluster's shape: the controller
 discovers the agent pods from the API server and holds one connection per node.
 
-Used by tests/realkube/test_kwok_cluster.py (200 nodes) and bench/kwok.py (5,000).
+Used by tests/realkube/test_kwok_cluster.py (200 nodes) and bench/scenarios/kwok.py (5,000).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
 from tests.chart.support import Helm
 from tests.controller.e2e.processes import wait_until
 from tests.realkube.audit import AuditLog

@@ -1,7 +1,7 @@
 """The fencing policy against a leader frozen in the middle of a burst of writes, and
 under a leader's steady load, on an audited real API server (tests/realkube/trials.py).
 
-bench/fencing.py runs 20 trials with the policy and 20 without and prints the figures;
+bench/scenarios/fencing.py runs 20 trials with the policy and 20 without and prints the figures;
 here a few trials must hold the guarantee: no write of the old leader admitted once
 the standby has taken the Lease over, and no stale condition left behind."""
 

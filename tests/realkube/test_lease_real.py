@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from controller.kube import KubeApi, api_client
-from controller.leasing import LeaseConfig, LeaseElector, LeaseRecord
-from kit.clock import SystemClock
+from capwatch.controller.kube import KubeApi, api_client
+from capwatch.controller.leasing import LeaseConfig, LeaseElector, LeaseRecord
+from capwatch.kit.clock import SystemClock
 from tests.realkube.controlplane import ControlPlane
 
 NAME = "capwatch-controller-0"

@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.kube.client import KubernetesPodRequests, api_transport
-from agent.kube.informer import WatchPolicy
-from agent.kube.podview import PodInformer
-from agent.pods import PodSnapshot
-from kit.clock import SystemClock
-from kit.errors import PodViewError
+from capwatch.agent.kube.pod_requests import KubernetesPodRequests
+from capwatch.agent.kube.podview import PodInformer
+from capwatch.agent.pods import PodSnapshot
+from capwatch.kit.clock import SystemClock
+from capwatch.kit.errors import PodViewError
+from capwatch.kube.client import api_transport
+from capwatch.kube.informer import WatchPolicy
 from tests.chart.support import Helm
 from tests.controller.e2e.processes import wait_until
 from tests.realkube.access import BoundPod

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.taints import DeviceTaint, Effect, TaintPolicy, rule_object
+from capwatch.controller.taints import DeviceTaint, Effect, TaintPolicy, rule_object
 from tests.chart.support import Helm
 from tests.controller.e2e.processes import START_S, Process, wait_until
 from tests.fakenvml.control import FakeConfig, FakeDevice, QueuedEvent

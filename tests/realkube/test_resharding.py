@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.sharding import shard_of
+from capwatch.controller.sharding import shard_of
 from tests.chart.support import Helm
 from tests.controller.e2e.processes import Process, wait_until
 from tests.realkube.audit import audited_plane

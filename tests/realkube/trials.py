@@ -19,7 +19,7 @@ carried (the standby takes over lease duration after it saw the last renewal; a
 write's deadline is at most renew deadline after that renewal began). The old
 leader's own metrics count the writes it dropped instead (``expired``: not sent).
 
-Used by tests/realkube/test_fencing_trials.py (a few trials) and bench/fencing.py (20
+Used by tests/realkube/test_fencing_trials.py (a few trials) and bench/scenarios/fencing.py (20
 with the policy and 20 without, and the policy's window after a takeover).
 """
 

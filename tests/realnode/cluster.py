@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from tests.chart.support import CHART
 from tests.realkube.access import ApiError
 from tests.realnode import containerd

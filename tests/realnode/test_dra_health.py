@@ -30,8 +30,8 @@ from typing import Any
 import grpc
 import pytest
 
-from api.gen.v1 import dra_health_pb2 as v1_pb
-from api.gen.v1 import dra_health_pb2_grpc as v1_grpc
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.v1 import dra_health_pb2_grpc as v1_grpc
 from tests.realkube.access import ApiError
 from tests.realnode.cluster import Cluster, wait_for
 from tests.realnode.images import PAUSE_IMAGE

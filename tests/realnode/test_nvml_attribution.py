@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
 from tests.realnode.cluster import Cluster, ready, status_writers, wait_for
 from tests.realnode.containerd import FAKENVML_DIR
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import grpc
 
-from agent.devices import inventory
-from agent.gpus import GpuErrorClass
-from agent.health.telemetry import DeviceEvent
-from agent.hub import Hub
-from agent.pods import PodRef
-from agent.reports import (
+from capwatch.agent.devices import inventory
+from capwatch.agent.gpus import GpuErrorClass
+from capwatch.agent.health.telemetry import DeviceEvent
+from capwatch.agent.hub import Hub
+from capwatch.agent.pods import PodRef
+from capwatch.agent.reports import (
     AbortReason,
     CapSource,
     CycleFailure,
@@ -31,10 +31,10 @@ from agent.reports import (
     Outcome,
     Reason,
 )
-from kit.clock import SystemClock
-from server.grpc.publication import Publication
-from server.grpc.serving import AgentServer
-from server.settings import ServerSettings, server_settings
+from capwatch.kit.clock import Clock, SystemClock
+from capwatch.server.grpc.publication import Publication
+from capwatch.server.grpc.serving import AgentServer
+from capwatch.server.settings import ServerSettings, server_settings
 
 NODE = "node-under-test"
 UUIDS = tuple(f"GPU-5e5e5e5e-0000-4000-8000-{i:012d}" for i in range(3))
@@ -84,7 +84,7 @@ class ServerHarness:
     hub: Hub
     publication: Publication
     server: AgentServer
-    clock: SystemClock = field(default_factory=SystemClock)
+    clock: Clock = field(default_factory=SystemClock)
     sequence: int = 0
 
     @property
@@ -142,8 +142,11 @@ async def start_harness(
     settings: ServerSettings | None = None,
     capacity: int = 16,
     tmp_path: Path | None = None,
+    clock: Clock | None = None,
 ) -> ServerHarness:
-    clock = SystemClock()
+    """A hub, its publication and a started AgentServer on them; ``clock`` (the system
+    clock unless given) dates the published cycles and decides readiness."""
+    clock = clock or SystemClock()
     hub = Hub(
         clock=clock,
         stale_after_s=3 * interval_s,
@@ -200,10 +203,16 @@ async def restart_harness(old: ServerHarness, *, same_instance: bool) -> ServerH
 
 @contextlib.asynccontextmanager
 async def running(
-    *, interval_s: float = 0.5, settings: ServerSettings | None = None, capacity: int = 16
+    *,
+    interval_s: float = 0.5,
+    settings: ServerSettings | None = None,
+    capacity: int = 16,
+    clock: Clock | None = None,
 ) -> AsyncIterator[ServerHarness]:
     """A harness for one ``async with`` block (own settings), stopped when it ends."""
-    started = await start_harness(interval_s=interval_s, settings=settings, capacity=capacity)
+    started = await start_harness(
+        interval_s=interval_s, settings=settings, capacity=capacity, clock=clock
+    )
     try:
         yield started
     finally:

@@ -15,11 +15,11 @@ from typing import Any
 import grpc
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from api.gen.v1 import dra_health_pb2 as dra_pb
-from api.gen.v1 import dra_health_pb2_grpc as dra_grpc
-from server.admission import (
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.api.gen.v1 import dra_health_pb2 as dra_pb
+from capwatch.api.gen.v1 import dra_health_pb2_grpc as dra_grpc
+from capwatch.server.admission import (
     Admission,
     Refusal,
     RefusalReason,
@@ -27,7 +27,7 @@ from server.admission import (
     StreamLimits,
     peer_address,
 )
-from server.metrics.cycle_metrics import Metrics
+from capwatch.server.metrics.cycle_metrics import Metrics
 from tests.metrics.support import scrape, value
 from tests.server.harness import ServerHarness, eventually, next_event, running, settings_for
 
@@ -145,7 +145,7 @@ async def test_a_tcp_client_filling_its_share_cannot_lock_out_the_socket(
         "127.0.0.1:0",
         extra={"grpc_max_subscribers": "4", "grpc_reserved_local_subscribers": "1"},
     )
-    caplog.set_level(logging.WARNING, logger="server.grpc.publication")
+    caplog.set_level(logging.WARNING, logger="capwatch.server.grpc.publication")
     async with (
         running(settings=settings) as harness,
         harness.channel() as tcp,
@@ -173,7 +173,9 @@ async def test_a_tcp_client_filling_its_share_cannot_lock_out_the_socket(
         await next_event(again, "snapshot")
         for call in (*opened, again, shim):
             call.cancel()
-    refused = [r.getMessage() for r in caplog.records if r.name == "server.grpc.publication"]
+    refused = [
+        r.getMessage() for r in caplog.records if r.name == "capwatch.server.grpc.publication"
+    ]
     assert len(refused) == 2
     assert refused[0].startswith("stream refused peer=ipv4:127.0.0.1:")
     assert "reason=subscriber_limit" in refused[0]

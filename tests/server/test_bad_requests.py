@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 import pytest
 
-from kit.throttling import THROTTLE_BURST, THROTTLE_REFILL_S
-from server.metrics.cycle_metrics import Metrics
+from capwatch.kit.throttling import THROTTLE_BURST, THROTTLE_REFILL_S
+from capwatch.server.metrics.cycle_metrics import Metrics
 from tests.metrics.support import running_agent, scrape, value
 from tests.server.harness import ServerHarness
 
@@ -86,7 +86,7 @@ async def test_malformed_requests_get_invalid_argument_and_a_throttled_line_each
     assert [
         r for r in caplog.records if r.name.startswith("grpc") and r.levelno > logging.INFO
     ] == []
-    lines = [r.getMessage() for r in caplog.records if r.name == "server.malformed"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "capwatch.server.malformed"]
     assert 1 <= len(lines) <= allowed_lines(elapsed), lines
     assert lines[0].startswith("malformed request refused method=")
     assert "Error parsing message with type" in lines[0]
@@ -128,7 +128,7 @@ def failed_handshakes(port: int, count: int) -> None:
 
 
 # Lines an agent writes whatever its clients do: cycles and readiness changes.
-ROUTINE = re.compile(r" (agent\.[a-z_.]+|server\.grpc\.(health|serving)|capwatch\.launch): ")
+ROUTINE = re.compile(r" capwatch\.(agent\.[a-z_.]+|server\.grpc\.(health|serving)|launch): ")
 
 
 def test_a_real_agent_logs_no_handshake_lines_and_few_for_malformed_requests(
@@ -162,5 +162,7 @@ def test_a_real_agent_logs_no_handshake_lines_and_few_for_malformed_requests(
         added = [line for line in agent.lines[before:] if not ROUTINE.search(line)]
     assert agent.proc.returncode == 0, agent.log
     assert not [line for line in added if "Handshake" in line or "Traceback" in line], added
-    assert all(" server.malformed: malformed request refused" in line for line in added), added
+    assert all(" capwatch.server.malformed: malformed request refused" in line for line in added), (
+        added
+    )
     assert len(added) <= allowed_lines(elapsed), added

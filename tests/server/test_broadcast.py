@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kit.broadcast import Broadcast, Signal
+from capwatch.kit.broadcast import Broadcast, Signal
 
 pytestmark = pytest.mark.asyncio
 

@@ -11,8 +11,8 @@ import asyncio
 import grpc
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from tests.server.harness import ServerHarness, running, settings_for
 
 pytestmark = pytest.mark.asyncio

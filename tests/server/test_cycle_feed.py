@@ -15,16 +15,16 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.devices import inventory
-from agent.hub import Hub
-from agent.reports import CycleReport, GpuResult
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from kit.clock import FakeClock
-from server.grpc import mapping
-from server.grpc.cycle_feed import AGE_WINDOW_S, CycleFeed
-from server.grpc.node_health import NodeHealthServicer
-from server.grpc.nodes import OneNode
-from server.grpc.publication import Publication
+from capwatch.agent.devices import inventory
+from capwatch.agent.hub import Hub
+from capwatch.agent.reports import CycleReport, GpuResult
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.kit.clock import FakeClock
+from capwatch.server.grpc import mapping
+from capwatch.server.grpc.cycle_feed import AGE_WINDOW_S, CycleFeed
+from capwatch.server.grpc.node_health import NodeHealthServicer
+from capwatch.server.grpc.nodes import OneNode
+from capwatch.server.grpc.publication import Publication
 from tests.server.harness import NODE, UUIDS, failed, ok, settings_for
 
 pytestmark = pytest.mark.asyncio

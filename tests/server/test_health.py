@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from server.grpc.health import ListingHealthServicer
+from capwatch.server.grpc.health import ListingHealthServicer
 from tests.server.harness import ServerHarness, eventually, failed, ok, running, settings_for
 
 pytestmark = pytest.mark.asyncio

@@ -15,11 +15,11 @@ from typing import Any
 import grpc
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from kit.errors import ConfigError
-from server.listeners import ServeError
-from server.settings import server_settings
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.kit.errors import ConfigError
+from capwatch.server.listeners import ServeError
+from capwatch.server.settings import server_settings
 from tests.pem import write_certificate, write_key
 from tests.server.harness import NODE, running, settings_for, start_harness
 

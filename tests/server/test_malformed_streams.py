@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from server.malformed import MalformedRequests
+from capwatch.server.malformed import MalformedRequests
 
 METHOD = "/test.Streams/Follow"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from client.node_health import ClientError, Disconnected, NodeHealthClient, Snapshot
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.client.node_health import ClientError, Disconnected, NodeHealthClient, Snapshot
 from tests.server.harness import NODE, ServerHarness
 
 pytestmark = pytest.mark.asyncio

@@ -15,8 +15,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.v1 import dra_health_pb2 as v1_pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.v1 import dra_health_pb2 as v1_pb
 from tests.server.harness import ServerHarness
 
 pytestmark = pytest.mark.asyncio

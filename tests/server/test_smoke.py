@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from tests.server.harness import ServerHarness
 
 pytestmark = pytest.mark.asyncio

@@ -8,9 +8,10 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from agent.reports import AbortReason
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.agent.reports import AbortReason
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.kit.clock import FakeClock
 from tests.server.harness import (
     UUIDS,
     ServerHarness,
@@ -103,8 +104,11 @@ async def test_after_an_aborted_cycle_every_gpu_is_unknown(harness: ServerHarnes
 
 
 async def test_a_quiet_agent_turns_stale_everywhere() -> None:
-    """Interval 0.1 s: 0.3 s with no cycle is STALE in GetSnapshot and heartbeats; GPUs UNKNOWN."""
-    async with running(interval_s=0.1) as harness, harness.channel() as channel:
+    """Interval 0.125 s, on a fake clock: a cycle 0.25 s old is still READY in GetSnapshot,
+    and at exactly 0.375 s (3 x interval) with no newer cycle it is STALE there and in
+    heartbeats, with that age; GPUs UNKNOWN. The clock is stepped, never slept on."""
+    clock = FakeClock()
+    async with running(interval_s=0.125, clock=clock) as harness, harness.channel() as channel:
         stub = pb_grpc.NodeHealthServiceStub(channel)
         # The agent's default heartbeat (1.5 x interval), below what a client may ask for.
         stream = stub.Watch(pb.WatchRequest())
@@ -112,20 +116,20 @@ async def test_a_quiet_agent_turns_stale_everywhere() -> None:
         harness.publish()
         cycle = await next_event(stream, "cycle")
         assert cycle.readiness.reason == pb.READINESS_REASON_READY
+        clock.advance(0.25)
         fresh = (await stub.GetSnapshot(pb.GetSnapshotRequest())).snapshot
-        # READY if it landed inside the 0.3 s window (as it does unless the machine stalls
-        # for that long); either way its verdict must match the age it reports.
-        fresh_age_s = fresh.readiness.last_cycle_age.ToMilliseconds() / 1000
-        assert (fresh.readiness.reason == pb.READINESS_REASON_READY) == (fresh_age_s < 0.3)
+        assert fresh.readiness.ready
+        assert fresh.readiness.reason == pb.READINESS_REASON_READY
+        assert fresh.readiness.last_cycle_age.ToMilliseconds() == 250
 
-        await asyncio.sleep(0.35)
+        clock.advance(0.125)
         snapshot = (await stub.GetSnapshot(pb.GetSnapshotRequest())).snapshot
         assert not snapshot.readiness.ready
         assert snapshot.readiness.reason == pb.READINESS_REASON_STALE
-        assert snapshot.readiness.last_cycle_age.ToMilliseconds() >= 300
+        assert snapshot.readiness.last_cycle_age.ToMilliseconds() == 375
         assert healths(snapshot) == [pb.DEVICE_HEALTH_UNKNOWN] * 3
         # Heartbeats say so too, without a cycle to carry it (a hang guard: one is due
-        # every 0.15 s).
+        # every 0.1875 s of real time).
         async with asyncio.timeout(5):
             while True:
                 beat = await next_event(stream, "heartbeat")

@@ -1,7 +1,7 @@
 """Subscribers that stop reading are sent almost nothing and never queue without bound.
 
 What they cost the publishing cycle in time is a benchmark's, not a unit test's:
-bench/stream.py's cycle-cost part times the real cycle with 1,000 frozen and 1,000
+bench/scenarios/stream.py's cycle-cost part times the real cycle with 1,000 frozen and 1,000
 never-reading subscribers against phases without any, in the same run.
 """
 
@@ -14,9 +14,9 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from agent.reports import CapSource, GpuResult, Outcome, Reason
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.agent.reports import CapSource, GpuResult, Outcome, Reason
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from tests.server.harness import POD, ServerHarness, eventually, running
 
 pytestmark = pytest.mark.asyncio

@@ -19,12 +19,12 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from server import certificates
-from server.certificates import Reloads
-from server.listeners import ServeError
-from server.settings import TlsFiles
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.server import certificates
+from capwatch.server.certificates import Reloads
+from capwatch.server.listeners import ServeError
+from capwatch.server.settings import TlsFiles
 from tests.server.harness import NODE, ServerHarness, running, settings_for
 
 pytestmark = pytest.mark.asyncio
@@ -246,7 +246,7 @@ async def secret_server(
 
 
 def certificate_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "server.certificates"]
+    return [r.getMessage() for r in caplog.records if r.name == "capwatch.server.certificates"]
 
 
 async def served_by(target: str, pki: Pki) -> str:
@@ -296,7 +296,7 @@ async def test_an_unusable_renewal_leaves_the_certificate_in_service(
     """A bad update is logged once and the previous pair goes on serving; a fix is taken up."""
     harness, secret = secret_server
     secret.write(pki.read(cert), pki.read(key))
-    with caplog.at_level(logging.ERROR, logger="server.certificates"):
+    with caplog.at_level(logging.ERROR, logger="capwatch.server.certificates"):
         for _ in range(3):  # three new connections, one log line
             assert await served_by(harness.target, pki) == "ca"
     errors = certificate_errors(caplog)
@@ -340,7 +340,7 @@ async def test_a_deleted_secret_leaves_the_certificate_in_service(
     """Files gone (links dangling) are logged once; the loaded pair goes on serving."""
     harness, secret = secret_server
     (secret.directory / "..data").unlink()
-    with caplog.at_level(logging.ERROR, logger="server.certificates"):
+    with caplog.at_level(logging.ERROR, logger="capwatch.server.certificates"):
         for _ in range(3):
             assert await served_by(harness.target, pki) == "ca"
     errors = certificate_errors(caplog)

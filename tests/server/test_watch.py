@@ -11,13 +11,13 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from agent.pods import PodRef
-from agent.reports import CapSource, ClampDirection, GpuResult, Outcome, Reason
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
-from api.gen.v1 import dra_health_pb2 as dra_pb
-from api.gen.v1 import dra_health_pb2_grpc as dra_grpc
-from server.grpc.mapping import timestamp
+from capwatch.agent.pods import PodRef
+from capwatch.agent.reports import CapSource, ClampDirection, GpuResult, Outcome, Reason
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
+from capwatch.api.gen.v1 import dra_health_pb2 as dra_pb
+from capwatch.api.gen.v1 import dra_health_pb2_grpc as dra_grpc
+from capwatch.server.grpc.mapping import timestamp
 from tests.server.harness import (
     NODE,
     POD,

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from agent.folding import crashed_report
-from agent.reports import CycleReport
+from capwatch.agent.folding import crashed_report
+from capwatch.agent.reports import CycleReport
 from tests.server.harness import UUIDS, ServerHarness, ok, start_harness
 
 CAPWATCH = (sys.executable, "-m", "capwatch.cli")

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from server.http.readyz import Answer, ReadyzServer
+from capwatch.server.http.readyz import Answer, ReadyzServer
 
 pytestmark = pytest.mark.asyncio
 
@@ -80,17 +80,21 @@ async def test_occupied_port_is_fatal():
 async def test_silent_clients_cannot_starve_the_probe():
     """With every slot held by clients that never send, a probe is still answered: the
     oldest squatter is evicted for it, rather than the probe waiting for a squatter's
-    head deadline (a minute here)."""
+    head deadline (a minute here). 20 squatters on 8 slots evict exactly 12 of
+    themselves; the probe evicts exactly one more."""
     server = await started(Answer(status=200, body="ok\n"), max_connections=8, head_timeout_s=60)
     squatters = []
     try:
         for _ in range(20):
             squatters.append(await asyncio.open_connection("127.0.0.1", server.port))
-        await asyncio.sleep(0.05)
+        # Every squatter accepted: the slots are full (a hang guard, not a bound).
+        async with asyncio.timeout(10):
+            while (server.evicted, server.reading) != (12, 8):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
         # The timeout is a hang guard, far inside the squatters' 60 s deadline: no
         # squatter timed out, so the answer came by eviction.
         assert (await request(server.port, get("/readyz"), timeout=10))[0] == 200
-        assert server.evicted >= 12
+        assert server.evicted == 13
     finally:
         for _, writer in squatters:
             writer.close()
@@ -125,10 +129,13 @@ async def test_a_burst_of_real_clients_is_served_in_full():
 
 
 async def test_stop_ends_open_connections_quietly(caplog: pytest.LogCaptureFixture):
-    """Stopping with connections still open closes them without an error logged."""
+    """Stopping with connections still open (all ten accepted, not merely given time to
+    be) closes them without an error logged."""
     server = await started(Answer(status=200, body="ok\n"))
     idle = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(10)]
-    await asyncio.sleep(0.05)
+    async with asyncio.timeout(10):  # a hang guard, not a bound
+        while server.connections != 10:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
     caplog.set_level(logging.DEBUG)
     await server.stop()
     for reader, writer in idle:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from agent.reports import CycleReport
-from client.node_health import NodeHealthClient
+from capwatch.agent.reports import CycleReport
+from capwatch.client.node_health import NodeHealthClient
 from tests.server.harness import failed, ok
 from tests.shim.support import (
     START_S,

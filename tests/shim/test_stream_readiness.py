@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from google.protobuf.duration_pb2 import Duration
 
-from api.gen.capwatch.v1 import node_health_pb2 as pb
-from client.stream_readiness import StreamReadiness
-from kit.readiness import ReadinessReason
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as pb
+from capwatch.client.stream_readiness import StreamReadiness
+from capwatch.kit.readiness import ReadinessReason
 
 STALE_AFTER = 45.0
 

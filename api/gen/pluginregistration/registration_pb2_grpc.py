@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from api.gen.pluginregistration import registration_pb2 as pluginregistration_dot_registration__pb2
+from capwatch.api.gen.pluginregistration import registration_pb2 as pluginregistration_dot_registration__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

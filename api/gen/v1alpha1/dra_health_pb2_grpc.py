@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_dot_dra__health__pb2
+from capwatch.api.gen.v1alpha1 import dra_health_pb2 as v1alpha1_dot_dra__health__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -10,7 +10,7 @@ buf:lint:ignore PACKAGE_VERSION_SUFFIX
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from api.gen.v1alpha1 import dra_health_pb2 as _dra_health_pb2
+from capwatch.api.gen.v1alpha1 import dra_health_pb2 as _dra_health_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

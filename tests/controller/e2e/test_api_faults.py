@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.kube.transport import ApiTransport
+from capwatch.kube.transport import ApiTransport
 from tests.controller.e2e.processes import Process, wait_until
 from tests.controller.e2e.support import (
     LEASE,

@@ -17,8 +17,8 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as cpb
-from api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as cpb
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2_grpc as cpb_grpc
 from tests.controller.e2e.processes import Process, wait_until
 from tests.controller.e2e.support import Cluster, lines_with
 

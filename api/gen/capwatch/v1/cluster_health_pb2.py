@@ -23,7 +23,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from api.gen.capwatch.v1 import node_health_pb2 as capwatch_dot_v1_dot_node__health__pb2
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as capwatch_dot_v1_dot_node__health__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 

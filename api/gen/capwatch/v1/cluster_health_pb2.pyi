@@ -6,7 +6,7 @@ The cluster's health as a capwatch controller sees it: every node of its
 shard, from each node agent's NodeHealthService stream.
 """
 
-from api.gen.capwatch.v1 import node_health_pb2 as _node_health_pb2
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as _node_health_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2

@@ -6,7 +6,7 @@ The cluster's health as a capwatch controller sees it: every node of its
 shard, from each node agent's NodeHealthService stream.
 """
 
-from api.gen.capwatch.v1 import cluster_health_pb2 as _cluster_health_pb2
+from capwatch.api.gen.capwatch.v1 import cluster_health_pb2 as _cluster_health_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1

@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from api.gen.capwatch.v1 import node_health_pb2 as capwatch_dot_v1_dot_node__health__pb2
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as capwatch_dot_v1_dot_node__health__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

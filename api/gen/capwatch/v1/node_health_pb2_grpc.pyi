@@ -4,7 +4,7 @@
 isort:skip_file
 capwatch's own health API: every reconcile cycle's per-GPU outcome, live."""
 
-from api.gen.capwatch.v1 import node_health_pb2 as _node_health_pb2
+from capwatch.api.gen.capwatch.v1 import node_health_pb2 as _node_health_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1

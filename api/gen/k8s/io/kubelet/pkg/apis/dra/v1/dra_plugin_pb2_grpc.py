@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2 as k8s_dot_io_dot_kubelet_dot_pkg_dot_apis_dot_dra_dot_v1_dot_dra__plugin__pb2
+from capwatch.api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2 as k8s_dot_io_dot_kubelet_dot_pkg_dot_apis_dot_dra_dot_v1_dot_dra__plugin__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

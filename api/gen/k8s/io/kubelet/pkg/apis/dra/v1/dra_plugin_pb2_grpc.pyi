@@ -10,7 +10,7 @@ NodeUnprepareResources after it stops. Names and numbers are the kubelet's.
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2 as _dra_plugin_pb2
+from capwatch.api.gen.k8s.io.kubelet.pkg.apis.dra.v1 import dra_plugin_pb2 as _dra_plugin_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
