@@ -24,11 +24,13 @@ from tests.realkube.fixtures import unavailable
 from tests.realnode.prerequisites import image_archive, image_builder
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("capwatch", "agent", "server", "client", "controller", "kit", "api")
+# The one top-level name the image's capwatch has; the rooms are its subpackages.
+PACKAGES = ("capwatch",)
+ROOMS = ("agent", "api", "client", "controller", "kit", "kube", "server")
 # Every module of every package imports: a missing dependency or system library
 # (grpcio's libstdc++) fails here, not in a crash-looping pod.
 IMPORT_ALL = f"""
-import importlib, pkgutil
+import importlib, importlib.util, pkgutil
 count = 0
 for name in {PACKAGES!r}:
     top = importlib.import_module(name)
@@ -36,6 +38,7 @@ for name in {PACKAGES!r}:
         importlib.import_module(module.name)
         count += 1
 import pynvml, urllib3
+assert not [r for r in {ROOMS!r} if importlib.util.find_spec(r)], "a room at the top"
 print("imported", count)
 """
 
@@ -147,7 +150,8 @@ def test_the_image_runs_capwatch_version(bundle: Path) -> None:
 
 def test_every_module_imports_in_the_image_on_a_read_only_root(bundle: Path) -> None:
     """Every capwatch module, NVML's bindings and the Kubernetes client import in
-    the image with nothing writable (the bytecode was compiled at build time)."""
+    the image with nothing writable (the bytecode was compiled at build time), and no
+    room is installed under its bare name beside capwatch."""
     done = run_in_image(bundle, ["python3", "-c", IMPORT_ALL])
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("imported ")
