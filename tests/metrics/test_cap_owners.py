@@ -9,7 +9,7 @@ import pytest
 from capwatch.agent.dra.claims import ClaimRef
 from capwatch.agent.pods import PodRef
 from capwatch.agent.reports import CapSource, GpuResult, Outcome, Reason
-from capwatch.server.metrics.cycle_metrics import GpuCaps, next_caps
+from capwatch.server.metrics.scrape_series import GpuCaps, next_caps
 from tests.metrics.churn import churn
 from tests.metrics.conftest import Followed
 from tests.metrics.support import series_of

@@ -33,8 +33,9 @@ from capwatch.api.gen.capwatch.v1 import node_health_pb2_grpc as pb_grpc
 from capwatch.kit.clock import FakeClock
 from capwatch.server.certificates import Reloads
 from capwatch.server.grpc.publication import Publication
-from capwatch.server.metrics.cycle_metrics import FAILURE_REASONS, GpuCaps, Metrics, next_caps
+from capwatch.server.metrics.cycle_metrics import FAILURE_REASONS, Metrics
 from capwatch.server.metrics.endpoint import TASK_NAME, MetricsServer
+from capwatch.server.metrics.scrape_series import GpuCaps, next_caps
 from capwatch.server.settings import DeviceNamerTemplate
 from tests.metrics.conftest import Followed
 from tests.metrics.support import eventually, scrape, series_of, value
