@@ -7,7 +7,9 @@ dependencies come from the test's own environment, read through a path file."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,6 +149,33 @@ def test_every_installed_module_imports_from_the_installed_tree(installed: tuple
     count, bad = imported.stdout.split(" ", 1)
     assert int(count) > 150
     assert bad.strip() == "[]"
+
+
+def test_the_installed_agent_finds_its_packaged_scenario(installed: tuple[Path, Path]):
+    """The simulator's default scenario is read from the installed package's data (by its
+    package name, which only capwatch.agent.sim is)."""
+    venv, _ = installed
+    script = (
+        "from capwatch.agent.sim.scenario import default_scenario\n"
+        "print(len(default_scenario().gpus))\n"
+    )
+    loaded = run_in(venv, str(venv / "bin" / "python"), "-c", script)
+    assert loaded.returncode == 0, loaded.stderr
+    assert int(loaded.stdout) > 0
+
+
+def test_no_string_names_a_room_module_by_its_bare_name():
+    """importlib.resources, import_module, logger names: a string naming ``agent.sim`` finds
+    nothing in the wheel (the real node found one). Every module path the product spells
+    out starts with ``capwatch.``."""
+    bare = re.compile(rf"^({'|'.join(set(PACKAGES) - {'capwatch'})})(\.[a-z_]+)+$")
+    found = {
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}"
+        for path in sources()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and bare.match(node.value)
+    }
+    assert found == set()
 
 
 def test_the_source_imports_its_rooms_only_through_capwatch():

@@ -165,7 +165,7 @@ def load_scenario(path: Path) -> Scenario:
 
 def default_scenario() -> Scenario:
     """The built-in demo scenario shipped as ``agent/sim/scenarios/default.yaml``."""
-    resource = resources.files("agent.sim").joinpath("scenarios", _DEFAULT_RESOURCE)
+    resource = resources.files("capwatch.agent.sim").joinpath("scenarios", _DEFAULT_RESOURCE)
     return _parse_text(resource.read_text(encoding="utf-8"), source=f"builtin:{_DEFAULT_RESOURCE}")
 
 
