@@ -11,7 +11,7 @@ The loop around it stays on asyncio streams, which find the head's end within
 its size limit; answers are the few fixed lines written here. aiohttp and h11
 were measured too (bench/README.md, ``scenarios/http_edge.py``): aiohttp adds
 11 MiB to every process that serves, which the controller at 5,000 nodes has
-not got to spare, and h11, pure Python, costs twice the CPU a request.
+not got to spare, and h11, pure Python, costs 1.5x httptools' CPU a request.
 
 Slow or abusive clients cannot crowd anyone out, nor cost a thread each:
 connections are coroutines on the loop; each has a deadline to send its
