@@ -82,10 +82,26 @@ def cgroup_pids() -> set[int]:
     return pids
 
 
-def kill(pids: Iterable[int]) -> None:
-    for pid in pids:
+def alive(pid: int) -> bool:
+    """Whether the process runs: not gone, and not a zombie waiting to be reaped (it holds
+    nothing any more, whoever its parent is and however late it reaps)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def kill(pids: Iterable[int], *, wait_s: float = 10.0) -> None:
+    """SIGKILL each, then wait (at most wait_s) until none runs: a signal sent is not a
+    process gone, and what reads the host next must not find it still exiting."""
+    killed = list(pids)
+    for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while any(alive(pid) for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def remove_cgroups(timeout: float = 20.0) -> list[str]:

@@ -51,7 +51,7 @@ def read_host(directory: Path) -> HostState:
                 name = (entry / "comm").read_text().strip()
             except OSError:
                 continue
-            if name in OURS:
+            if name in OURS and host.alive(int(entry.name)):
                 processes.add((int(entry.name), name))
     mounts = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
     links = subprocess.run(
